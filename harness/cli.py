@@ -1,0 +1,195 @@
+"""`amp-harness run | list | sync | ui`: thin wrappers over the plugin, the journal and MLflow."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.claims import catalogue
+from harness.errors import HarnessError
+from harness.journal import JOURNAL_NAME, Journal
+from harness.record import Record
+from harness.tracking import ARTIFACTS_NAME, DEFAULT_EXPERIMENT, MlflowSink, resolve_uri
+
+NEXT_STEPS = """
+Where to look next:
+  amp-harness list        each claim, the tests that check it, its last verdict
+  amp-harness ui          browse and compare the runs in MLflow (http://127.0.0.1:{port})
+  {journal}   every result, as recorded
+"""
+
+
+def _run(args: argparse.Namespace, pytest_args: list[str]) -> int:
+    import pytest
+
+    if not Path(args.scenarios).is_dir():
+        raise HarnessError(
+            f"no scenario folder {args.scenarios!r} here: run from the repository root or pass "
+            "--scenarios DIR"
+        )
+    code = pytest.main([args.scenarios, f"--amp-reports={args.reports}", *pytest_args])
+    journal = Path(args.reports) / JOURNAL_NAME
+    print(NEXT_STEPS.format(port=5000, journal=journal))
+    return int(code)
+
+
+class _Collector:
+    """A pytest plugin that notes which collected tests check which claims."""
+
+    def __init__(self) -> None:
+        self.tests: dict[str, list[str]] = {}
+
+    def pytest_collection_finish(self, session) -> None:
+        for item in session.items:
+            for marker in item.iter_markers("claim"):
+                for claim_id in marker.args:
+                    self.tests.setdefault(claim_id, []).append(item.nodeid)
+
+
+def _collect_tests(scenarios: str) -> dict[str, list[str]]:
+    import pytest
+
+    collector = _Collector()
+    code = pytest.main(
+        [scenarios, "--collect-only", "-q", "-p", "no:cacheprovider", "--no-mlflow"],
+        plugins=[collector],
+    )
+    if code not in (0, 5):  # 5: no tests collected
+        raise HarnessError(f"collecting {scenarios} failed (pytest exit code {code}); see above")
+    return collector.tests
+
+
+def _last_verdicts(reports: str) -> dict[str, dict]:
+    last: dict[str, dict] = {}
+    for entry in Journal(Path(reports) / JOURNAL_NAME).entries():
+        if entry["type"] != "record":
+            continue
+        record = Record.from_dict(entry["record"])
+        for v in record.verdicts.values():
+            last[v.claim] = {
+                "verdict": v.verdict,
+                "evidence": v.evidence,
+                "device": record.device,
+                "test": record.test,
+            }
+    return last
+
+
+def _list(args: argparse.Namespace) -> int:
+    import contextlib
+    import io
+
+    quiet = io.StringIO()
+    with contextlib.redirect_stdout(quiet):  # pytest's collection chatter
+        try:
+            tests = _collect_tests(args.scenarios) if Path(args.scenarios).is_dir() else {}
+        except HarnessError:
+            sys.stderr.write(quiet.getvalue())
+            raise
+    last = _last_verdicts(args.reports)
+    rows = [
+        {
+            "id": claim.id,
+            "section": claim.section,
+            "statement": claim.statement,
+            "article": claim.article,
+            "tests": tests.get(claim.id, []),
+            "last_verdict": last.get(claim.id, {}).get("verdict"),
+            "last_evidence": last.get(claim.id, {}).get("evidence"),
+            "last_device": last.get(claim.id, {}).get("device"),
+        }
+        for claim in catalogue().values()
+    ]
+    if args.json:
+        print(json.dumps(rows, ensure_ascii=False, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} claims (last verdicts from {args.reports}/{JOURNAL_NAME})")
+    for name in ("claim", "statement", "tests", "last verdict"):
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        tests_text = "\n".join(t.split("/")[-1] for t in row["tests"]) or "(no scenario yet)"
+        table.add_row(row["id"], row["statement"], tests_text, row["last_verdict"] or "-")
+    Console().print(table)
+    return 0
+
+
+def _sync(args: argparse.Namespace) -> int:
+    uri = resolve_uri(args.tracking_uri, Path(args.reports))
+    counts = MlflowSink(uri, args.experiment, Path(args.reports)).sync(
+        Journal(Path(args.reports) / JOURNAL_NAME)
+    )
+    print(
+        f"synced {Path(args.reports) / JOURNAL_NAME} to {uri}: {counts['sessions']} sessions, "
+        f"{counts['records_sent']} results sent, {counts['records_present']} already there"
+    )
+    return 0
+
+
+def _ui(args: argparse.Namespace) -> int:
+    reports = Path(args.reports).resolve()
+    uri = resolve_uri(None, reports)
+    command = [
+        sys.executable, "-m", "mlflow", "ui",
+        "--backend-store-uri", uri,
+        "--default-artifact-root", (reports / ARTIFACTS_NAME).as_uri(),
+        "--host", args.host, "--port", str(args.port),
+    ]  # fmt: skip
+    print(f"MLflow UI on http://{args.host}:{args.port} for {uri} (Ctrl-C stops it)")
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+    try:
+        return subprocess.call(command, env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="amp-harness",
+        description="Run the AMP claim scenarios, list the claims, and browse the results.",
+    )
+    sub = top.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--reports", default="reports", help="results folder (default: reports)")
+        return p
+
+    run = command("run", "run every scenario this machine can run (extra options go to pytest)")
+    run.add_argument("--scenarios", default="scenarios", help="scenario folder")
+    listing = command("list", "each claim with the tests that check it and its last verdict")
+    listing.add_argument("--scenarios", default="scenarios", help="scenario folder")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sync = command("sync", "replay the journal into MLflow; what is there already is skipped")
+    sync.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="default: $MLFLOW_TRACKING_URI or sqlite:///REPORTS/mlflow.db",
+    )
+    sync.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment")
+    ui = command("ui", "start the MLflow UI on the embedded store")
+    ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    ui.add_argument("--port", type=int, default=5000)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = parser().parse_known_args(argv)
+    if rest and args.command != "run":
+        parser().error(f"unrecognized arguments: {' '.join(rest)}")
+    handlers = {"list": _list, "sync": _sync, "ui": _ui}
+    try:
+        return _run(args, rest) if args.command == "run" else handlers[args.command](args)
+    except HarnessError as exc:
+        print(f"amp-harness: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The environment fingerprint recorded with every run: what a result depends on.
+
+Only named facts are collected; the process environment is never copied (it holds secrets).
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+import harness
+from harness.devices import DeviceInfo
+from harness.recipes import tf32_flags
+
+
+def _run(args: list[str], cwd: Path | None = None) -> str:
+    """First line of a command's output, or "" when it is absent, fails or takes over 5 s."""
+    if shutil.which(args[0]) is None:
+        return ""
+    try:
+        out = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=5, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+
+
+def _git_commit(root: Path) -> str:
+    commit = _run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root)
+    if not commit:
+        return "unknown"
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    return commit + ("-dirty" if dirty else "")
+
+
+def collect(device: DeviceInfo, root: Path) -> dict[str, str]:
+    """Flat string facts, logged as `env.<key>` tags."""
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    nccl = ""
+    if device.type == "cuda" and torch.distributed.is_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # a build without NCCL
+            nccl = ""
+    facts = {
+        "device": device.type,
+        "gpu_name": device.name if device.type == "cuda" else "",
+        "gpu_count": str(device.gpu_count),
+        "compute_capability": ".".join(map(str, device.compute_capability or ())),
+        "driver": _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        if device.type == "cuda"
+        else "",
+        "cuda": torch.version.cuda or "",
+        "cudnn": str(cudnn or ""),
+        "nccl": nccl,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "cpu": platform.processor() or platform.machine(),
+        "harness": harness.__version__,
+        "git_commit": _git_commit(root),
+    }
+    facts.update({f"tf32.{k}": str(v) for k, v in tf32_flags().items()})
+    return {k: v or "n/a" for k, v in facts.items()}
+
+
+def label(facts: dict[str, str]) -> str:
+    """A short name for an environment: 'NVIDIA H200 / torch 2.11.0 / CUDA 12.8'."""
+    hardware = facts["gpu_name"] if facts["device"] == "cuda" else f"cpu {facts['cpu']}"
+    cuda = f" / CUDA {facts['cuda']}" if facts["device"] == "cuda" else ""
+    return f"{hardware} / torch {facts['torch']}{cuda}"

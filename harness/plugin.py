@@ -1,0 +1,309 @@
+"""The pytest face of the harness, registered through the `pytest11` entry point.
+
+- options: --amp-device, --tracking-uri, --amp-reports, --amp-experiment, --no-mlflow;
+- markers: @pytest.mark.claim(IDs...) on every scenario test, checked at collection;
+  @pytest.mark.requires(capabilities..., gpus=N) turned into readable skip reasons;
+- fixtures: `amp_device` (the probed device) and `record` (what the test observed);
+- after each scenario test: its record goes to the journal, then to MLflow;
+- at the end: the verdict table.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from harness import devices, fingerprint
+from harness.claims import catalogue, unknown_ids
+from harness.errors import HarnessError
+from harness.journal import JOURNAL_NAME, Journal
+from harness.record import Record
+from harness.table import render
+from harness.tracking import DEFAULT_EXPERIMENT, MlflowSink, resolve_uri
+
+_STATE = pytest.StashKey["AmpSession"]()
+_RECORD = pytest.StashKey[Record]()
+_OUTCOME = pytest.StashKey[list]()  # (outcome, message) per phase that did not pass
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("amp-harness", "amp-harness: mixed-precision scenarios")
+    group.addoption(
+        "--amp-device",
+        default="auto",
+        choices=devices.DEVICE_CHOICES,
+        help="device the scenarios run on: auto (CUDA when present), cpu or cuda",
+    )
+    group.addoption(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///REPORTS/mlflow.db)",
+    )
+    group.addoption(
+        "--amp-reports",
+        default=None,
+        help="folder for the journal, the embedded MLflow store and figures (default: reports/)",
+    )
+    group.addoption("--amp-experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
+    group.addoption(
+        "--no-mlflow",
+        action="store_true",
+        help="record to the journal only (replay later with `amp-harness sync`)",
+    )
+    parser.addini(
+        "amp_scenarios", "folder of scenario modules, relative to rootdir", default="scenarios"
+    )
+
+
+@dataclass
+class AmpSession:
+    """Per-session state, kept in config.stash (never module globals: pytester nests sessions)."""
+
+    config: pytest.Config
+    device: devices.DeviceInfo
+    reports: Path
+    scenarios: Path
+    records: list[Record] = field(default_factory=list)
+    journal: Journal | None = None
+    sink: MlflowSink | None = None
+    entry: dict | None = None  # the journal's session entry, once tracking is open
+
+    def is_scenario(self, path: Path) -> bool:
+        return Path(path).resolve().is_relative_to(self.scenarios)
+
+    def open_tracking(self) -> None:
+        """Called once scenario tests are collected; plain `pytest tests/` never tracks."""
+        self.journal = Journal(self.reports / JOURNAL_NAME)
+        self.journal.check_writable()
+        facts = fingerprint.collect(self.device, self.config.rootpath)
+        started = time.time()
+        self.entry = {
+            "type": "session",
+            "session_id": uuid.uuid4().hex,
+            "name": f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(started))} "
+            f"{fingerprint.label(facts)}",
+            "started": started,
+            "host": platform.node(),
+            "args": [str(a) for a in self.config.invocation_params.args],
+            "fingerprint": facts,
+        }
+        self.journal.append(self.entry)
+        if not self.config.getoption("no_mlflow"):
+            uri = resolve_uri(self.config.getoption("tracking_uri"), self.reports)
+            self.sink = MlflowSink(uri, self.config.getoption("amp_experiment"), self.reports)
+            self.sink.start_session(self.entry)
+
+    def finish(self, record: Record) -> None:
+        self.records.append(record)
+        if self.journal is None:
+            return
+        self.journal.append(
+            {"type": "record", "session_id": self.entry["session_id"], "record": record.to_dict()}
+        )
+        if self.sink:
+            self.sink.log_record(self.entry, record)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "claim(*ids): the catalogue claim IDs a scenario test checks (amp-harness list)"
+    )
+    config.addinivalue_line(
+        "markers",
+        "requires(*capabilities, gpus=0): skip with a reason unless the device has them "
+        f"({', '.join(devices.CAPABILITY_TEXT)})",
+    )
+    try:
+        device = devices.resolve(config.getoption("amp_device"))
+        catalogue()  # a malformed catalogue stops the session here, with its file and field
+    except HarnessError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    reports = Path(config.getoption("amp_reports") or config.rootpath / "reports")
+    scenarios = (config.rootpath / config.getini("amp_scenarios")).resolve()
+    config.stash[_STATE] = AmpSession(config, device, reports.resolve(), scenarios)
+
+
+def _state(config: pytest.Config) -> AmpSession:
+    return config.stash[_STATE]
+
+
+def _claim_ids(item: pytest.Item) -> list[str] | None:
+    markers = list(item.iter_markers("claim"))
+    if not markers:
+        return None
+    return [claim_id for marker in markers for claim_id in marker.args]
+
+
+def _contract_problems(item: pytest.Item) -> list[str]:
+    ids = _claim_ids(item)
+    if not ids:
+        return [
+            f"{item.nodeid}: no claim marker. Every scenario test names the claims it checks, "
+            'e.g. @pytest.mark.claim("FMT-BITS"); `amp-harness list` shows the IDs.'
+        ]
+    return [
+        f"{item.nodeid}: unknown claim ID {bad!r} in @pytest.mark.claim; closest valid IDs: "
+        f"{near} (`amp-harness list` shows all)"
+        for bad, near in unknown_ids(ids)
+    ]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    """A scenario module whose tests break the claim contract fails to collect, by name."""
+    report = yield
+    if report.passed and isinstance(collector, pytest.Module | pytest.Class):
+        state = _state(collector.config)
+        if state.is_scenario(collector.path):
+            problems = [
+                p
+                for node in report.result
+                if isinstance(node, pytest.Function)
+                for p in _contract_problems(node)
+            ]
+            if problems:
+                report.outcome = "failed"
+                report.longrepr = "\n".join(problems)
+    return report
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    state = _state(session.config)
+    if session.config.option.collectonly:
+        return  # nothing runs, nothing to record
+    if any(state.is_scenario(item.path) for item in session.items):
+        try:
+            state.open_tracking()
+        except HarnessError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.fixture(scope="session")
+def amp_device(pytestconfig: pytest.Config) -> devices.DeviceInfo:
+    """The device this session's scenarios run on, with its probed capabilities."""
+    return _state(pytestconfig).device
+
+
+@pytest.fixture
+def record(request: pytest.FixtureRequest) -> Record:
+    """What this scenario test observed: params, metrics, histories, figures, verdicts."""
+    if _RECORD not in request.node.stash:
+        raise HarnessError(
+            f"{request.node.nodeid}: the `record` fixture is for scenario tests in "
+            f"{_state(request.config).scenarios}"
+        )
+    return request.node.stash[_RECORD]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own skipping plugin reads the skip marks
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    state = _state(item.config)
+    if not state.is_scenario(item.path):
+        return
+    item.stash[_RECORD] = Record(
+        test=item.nodeid,
+        claims=_claim_ids(item) or [],
+        device=state.device.describe(),
+        artifact_dir=state.reports / "records" / item.nodeid.replace("/", "_").replace("::", "."),
+    )
+    item.stash[_OUTCOME] = []
+    for marker in item.iter_markers("requires"):
+        try:
+            reason = state.device.missing(*marker.args, **marker.kwargs)
+        except (HarnessError, TypeError) as exc:
+            raise HarnessError(f"{item.nodeid}: @pytest.mark.requires: {exc}") from None
+        if reason:
+            # A skip mark, not pytest.skip(): the report then points at the test, not here.
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if _RECORD not in item.stash:
+        return report
+    record = item.stash[_RECORD]
+    if call.when == "call" and report.passed and record.missing_verdicts():
+        # The contract: a passing scenario has decided every claim it declares.
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} declares {', '.join(record.claims)} but recorded no verdict for "
+            f"{', '.join(record.missing_verdicts())}: call record.verdict(claim, verdict, evidence)"
+        )
+    if report.failed:
+        # Name the claims on every failure, with what was measured before it.
+        decided = [f"{v.claim}: {v.verdict} ({v.evidence})" for v in record.verdicts.values()]
+        report.sections.append(
+            ("amp-harness", f"claims: {', '.join(record.claims)}\n" + "\n".join(decided))
+        )
+        outcome = "failed" if call.when == "call" else "error"
+        item.stash[_OUTCOME].append((outcome, _first_line(report)))
+    elif report.skipped:
+        item.stash[_OUTCOME].append(("skipped", _skip_reason(report)))
+    if call.when == "teardown":
+        _finish(item, record)
+    return report
+
+
+def _finish(item: pytest.Item, record: Record) -> None:
+    outcomes = item.stash[_OUTCOME]
+    record.outcome, record.message = outcomes[0] if outcomes else ("passed", "")
+    if record.outcome == "skipped":
+        for claim in record.missing_verdicts():
+            record.verdict(claim, "skipped", record.message)
+    record.ended = time.time()
+    _state(item.config).finish(record)
+
+
+def _first_line(report: pytest.TestReport) -> str:
+    text = report.longreprtext.strip()
+    lines = [line for line in text.splitlines() if line.startswith("E ")] or text.splitlines()
+    return lines[0].removeprefix("E").strip()[:500] if lines else ""
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    return str(longrepr[2]).removeprefix("Skipped: ") if isinstance(longrepr, tuple) else ""
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    state = _state(config)
+    if state.entry is None:
+        return
+    writer = terminalreporter._tw
+    if state.records:
+        terminalreporter.write(render(state.records, writer.fullwidth, writer.hasmarkup))
+    terminalreporter.write_line(f"journal: {state.journal.path}")
+    if state.sink is None:
+        terminalreporter.write_line("MLflow: off (--no-mlflow); `amp-harness sync` replays later")
+    elif state.sink.down:
+        terminalreporter.write_line(f"MLflow: {state.sink.down}", yellow=True)
+    else:
+        terminalreporter.write_line(
+            f"MLflow: {state.sink.uri} (experiment {state.sink.experiment!r}); browse with "
+            "`amp-harness ui`"
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    state = _state(session.config)
+    if state.entry is None:
+        return
+    counts: dict[str, int] = {}
+    for r in state.records:
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    end = {
+        "type": "session_end",
+        "session_id": state.entry["session_id"],
+        "ended": time.time(),
+        "exitstatus": int(exitstatus),
+        "counts": counts,
+    }
+    state.journal.append(end)
+    if state.sink:
+        state.sink.end_session(state.entry, end)

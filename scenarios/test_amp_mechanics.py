@@ -1,0 +1,592 @@
+"""How autocast really works: which dtype each op, gradient and weight update runs in.
+
+Claims: AMP-FWD-FP16, AMP-BWD-FP16, AMP-MASTER-FP32, AMP-AUTO-DTYPE, AMP-NORM-FP32,
+API-DEPRECATED.
+
+Shown with forward hooks (and gradient hooks on their outputs) on a small probe model, a table
+of single ops, and a log of the casts autocast makes:
+- the forward pass is not all fp16: matmuls are, the loss (and on CUDA the ops on the fp32 list:
+  layer_norm, softmax, exp, ...) is fp32;
+- backward runs in each forward op's dtype, but every fp32 parameter's `.grad` is fp32;
+- there is no separate fp32 master copy: the fp32 parameters are the weights, updated in fp32;
+  autocast's fp16 weight copies are made inside the region and are gone after the step;
+- the dtype is chosen per op (lowered, promoted to fp32, or the input's), by per-device lists;
+- no norm op is promoted on the CPU; on CUDA layer_norm and group_norm are, batch_norm is not
+  (fp16 output, fp32 weights and running statistics);
+- the article's `torch.cuda.amp` API works but warns, and its GradScaler silently disables
+  itself where there is no CUDA.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import partial
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness import recipes
+
+F16, F32 = torch.float16, torch.float32
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _names(names) -> str:
+    return ", ".join(names) or "none"
+
+
+# --- a probe model: one module per kind of op, so that hooks see every op ------------------
+
+
+class _Exp(nn.Module):
+    """torch.exp as a module, so a forward hook sees it (exp is on CUDA's fp32 list)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(x)
+
+
+def _probe_model() -> nn.Module:
+    """Not a sensible network: a matmul, each norm the article names, ops of the fp32 list."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(
+            OrderedDict(
+                linear1=nn.Linear(8, 16),
+                batch_norm=nn.BatchNorm1d(16),
+                layer_norm=nn.LayerNorm(16),
+                linear2=nn.Linear(16, 4),
+                softmax=nn.Softmax(dim=-1),
+                exp=_Exp(),
+            )
+        )
+
+
+def _probe_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(8, 8, generator=generator), torch.rand(8, 4, generator=generator)
+
+
+@dataclass
+class _Observed:
+    """Dtypes seen in one forward and backward pass, per module name (the loss is `mse_loss`)."""
+
+    outputs: dict[str, torch.dtype] = field(default_factory=dict)
+    grad_outputs: dict[str, torch.dtype] = field(default_factory=dict)
+    param_grads: dict[str, torch.dtype] = field(default_factory=dict)
+
+
+def _watch(seen: _Observed, name: str, _module, _inputs, out: torch.Tensor) -> None:
+    """Forward hook: the output's dtype now, the dtype of the gradient reaching it later."""
+    seen.outputs[name] = out.dtype
+    out.register_hook(lambda grad: seen.grad_outputs.__setitem__(name, grad.dtype))
+
+
+def _observe(recipe: str, amp_device) -> _Observed:
+    """One forward (under the recipe's autocast, if any) and backward of the probe model."""
+    seen = _Observed()
+    loss_fn = nn.MSELoss()
+    with recipes.get(recipe).bind(amp_device) as precision:
+        model = precision.prepare(_probe_model())
+        modules = [*model.named_children(), ("mse_loss", loss_fn)]
+        for name, module in modules:
+            module.register_forward_hook(partial(_watch, seen, name))
+        x, y = (precision.cast_input(t) for t in _probe_batch())
+        with precision.forward():
+            loss = loss_fn(model(x), y)
+        precision.backward(loss)
+    seen.param_grads = {n: p.grad.dtype for n, p in model.named_parameters()}
+    return seen
+
+
+def _by_dtype(dtypes: dict[str, torch.dtype], dtype: torch.dtype) -> list[str]:
+    return [name for name, d in dtypes.items() if d == dtype]
+
+
+# What the project knows: CPU autocast lowers matmuls and promotes losses only; CUDA also
+# promotes layer_norm, softmax and exp. batch_norm is on no list: it keeps its fp16 input.
+_FORWARD_PREDICTED = {
+    "cpu": {
+        "linear1": F16,
+        "batch_norm": F16,
+        "layer_norm": F16,
+        "linear2": F16,
+        "softmax": F16,
+        "exp": F16,
+        "mse_loss": F32,
+    },
+    "cuda": {
+        "linear1": F16,
+        "batch_norm": F16,
+        "layer_norm": F32,
+        "linear2": F16,
+        "softmax": F32,
+        "exp": F32,
+        "mse_loss": F32,
+    },
+}
+
+
+@pytest.mark.claim("AMP-FWD-FP16")
+@pytest.mark.requires("fp16_autocast")
+def test_forward_is_not_all_fp16(record, amp_device):
+    amp = _observe("amp-fp16-noscaler", amp_device).outputs
+    # Negative control: the same model without autocast runs every op in fp32.
+    plain = _observe("fp32", amp_device).outputs
+    record.param(**{f"dtype.amp.{name}": _short(d) for name, d in amp.items()})
+    in16, in32 = _by_dtype(amp, F16), _by_dtype(amp, F32)
+    record.metric(ops=len(amp), ops_fp16=len(in16), ops_fp32=len(in32))
+
+    verdict = "refuted" if not in16 else "partly" if in32 else "confirmed"
+    record.verdict(
+        "AMP-FWD-FP16",
+        verdict,
+        f"under fp16 autocast {len(in16)} of {len(amp)} forward ops ran in float16 "
+        f"({_names(in16)}) and {len(in32)} in float32 ({_names(in32)}); without autocast "
+        f"{len(_by_dtype(plain, F32))} of {len(plain)} ran in float32",
+    )
+    predicted = _FORWARD_PREDICTED[amp_device.type]
+    assert amp == predicted, (
+        f"AMP-FWD-FP16: predicted output dtypes {predicted} on {amp_device.type}, got {amp}"
+    )
+    assert set(plain.values()) == {F32}, f"AMP-FWD-FP16: without autocast, got {plain}"
+
+
+@pytest.mark.claim("AMP-BWD-FP16")
+@pytest.mark.requires("fp16_autocast", "half_training")
+def test_backward_follows_forward_dtype_but_param_grads_are_fp32(record, amp_device):
+    amp = _observe("amp-fp16-noscaler", amp_device)
+    # Negative control: a .half() model, whose parameters and so their .grad are fp16.
+    half = _observe("half", amp_device)
+    act16 = _by_dtype(amp.grad_outputs, F16)
+    param16 = _by_dtype(amp.param_grads, F16)
+    half16 = _by_dtype(half.param_grads, F16)
+    follow = [n for n, d in amp.grad_outputs.items() if d == amp.outputs[n]]
+    record.param(**{f"grad_dtype.amp.{name}": _short(d) for name, d in amp.grad_outputs.items()})
+    record.metric(
+        activation_grads_fp16=len(act16),
+        activation_grads=len(amp.grad_outputs),
+        param_grads_fp16=len(param16),
+        param_grads=len(amp.param_grads),
+        half_param_grads_fp16=len(half16),
+    )
+
+    if act16 and len(param16) == len(amp.param_grads):
+        verdict = "confirmed"
+    else:
+        verdict = "partly" if act16 or param16 else "refuted"
+    record.verdict(
+        "AMP-BWD-FP16",
+        verdict,
+        f"under fp16 autocast {len(act16)} of {len(amp.grad_outputs)} activation gradients "
+        f"were float16 ({_names(act16)}), {len(follow)} of {len(amp.grad_outputs)} in their "
+        f"forward output's dtype; "
+        f"{len(param16)} of {len(amp.param_grads)} parameter .grad were float16 (the rest "
+        f"float32); a .half() model has {len(half16)} of {len(half.param_grads)} float16 .grad",
+    )
+    assert amp.grad_outputs == amp.outputs, (
+        f"AMP-BWD-FP16: predicted each gradient in its forward output's dtype {amp.outputs}, "
+        f"got {amp.grad_outputs}"
+    )
+    assert act16, f"AMP-BWD-FP16: predicted float16 activation gradients, got {amp.grad_outputs}"
+    assert set(amp.param_grads.values()) == {F32}, (
+        f"AMP-BWD-FP16: predicted float32 .grad for float32 parameters, got {amp.param_grads}"
+    )
+    assert set(half.param_grads.values()) == {F16}, (
+        f"AMP-BWD-FP16: predicted float16 .grad for a .half() model, got {half.param_grads}"
+    )
+
+
+# --- the weight update: where the fp32 weights live ----------------------------------------
+
+_LR = 1e-4  # lr x grad (1.25e-5, 2.5e-5) is below half the fp16 spacing under 1.0 (2**-12)
+
+
+class _CastLog(TorchDispatchMode):
+    """Every copy of one of `params` made by a cast (aten._to_copy), kept as a weak reference:
+    autocast casts below the Python dispatch key, so its fp16 weight copies pass through here."""
+
+    def __init__(self, params):
+        super().__init__()
+        self._storages = {p.untyped_storage().data_ptr() for p in params}
+        self.copies: list[weakref.ref] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (
+            func is torch.ops.aten._to_copy.default
+            and args[0].untyped_storage().data_ptr() in self._storages
+        ):
+            self.copies.append(weakref.ref(out))
+        return out
+
+    def alive(self) -> int:
+        return sum(ref() is not None for ref in self.copies)
+
+
+@dataclass
+class _Step:
+    param_dtypes: set[torch.dtype]
+    weight: float  # one entry of the weight after the step (1.0 before)
+    expected_change: float  # lr x that entry's gradient
+    same_objects: bool  # the optimizer's param_groups hold the model's parameter objects
+    copies: int  # other fp32 tensors equal to a parameter: a master copy would be one
+    fp32_bytes: int  # bytes of fp32 storage reachable from the model and the optimizer
+    param_bytes: int  # of those, the parameters' own
+    casts_in_region: int  # copies of the parameters made inside the autocast region
+    casts_outside: int  # made during backward and the optimizer step
+    alive_after_step: int  # of those copies, still alive once the step is done
+
+
+def _weight_copies(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+    """(fp32 tensors equal to a parameter but stored apart from it, bytes of fp32 storage)
+    over everything the model and the optimizer hold: parameters, grads, buffers, state."""
+    params = list(model.parameters())
+    held = [t for g in optimizer.param_groups for t in g["params"]] + params
+    held += [p.grad for p in params if p.grad is not None] + list(model.buffers())
+    held += [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    fp32 = [t for t in held if t.dtype == F32]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in fp32}
+    copies = sum(
+        1
+        for t in fp32
+        for p in params
+        if t.shape == p.shape
+        and t.untyped_storage().data_ptr() != p.untyped_storage().data_ptr()
+        and torch.equal(t.detach(), p.detach().to(t.dtype))
+    )
+    return copies, sum(storages.values())
+
+
+def _one_step(recipe: str, amp_device) -> _Step:
+    """One training step of a Linear(4, 4) whose weights are all 1.0, through the recipe."""
+    with recipes.get(recipe).bind(amp_device) as precision:
+        model = precision.prepare(nn.Linear(4, 4))
+        nn.init.ones_(model.weight)
+        nn.init.ones_(model.bias)
+        optimizer = torch.optim.SGD(model.parameters(), lr=_LR)
+        x = precision.cast_input(torch.full((8, 4), 0.5))
+        with _CastLog(model.parameters()) as casts:
+            with precision.forward():
+                # The loss in fp32, as autocast's loss ops compute it: the gradient of an fp16
+                # loss is the scale itself, and 65536 overflows fp16.
+                loss = model(x).float().mean()
+            in_region = len(casts.copies)
+            precision.backward(loss)
+            precision.step(optimizer)
+        del loss
+        copies, fp32_bytes = _weight_copies(model, optimizer)
+        grouped = [p for g in optimizer.param_groups for p in g["params"]]
+        return _Step(
+            param_dtypes={p.dtype for p in model.parameters()},
+            weight=model.weight[0, 0].item(),
+            expected_change=_LR * model.weight.grad[0, 0].item(),
+            same_objects=all(a is b for a, b in zip(grouped, model.parameters(), strict=True)),
+            copies=copies,
+            fp32_bytes=fp32_bytes,
+            param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+            casts_in_region=in_region,
+            casts_outside=len(casts.copies) - in_region,
+            alive_after_step=casts.alive(),
+        )
+
+
+@pytest.mark.claim("AMP-MASTER-FP32")
+@pytest.mark.requires("fp16_autocast", "grad_scaler", "half_training")
+def test_fp32_parameters_are_the_only_copy(record, amp_device):
+    amp = _one_step("amp-fp16", amp_device)
+    # Negative control: .half() keeps no fp32 copy at all, and its fp16 update is lost.
+    half = _one_step("half", amp_device)
+    record.param(autocast_cache_enabled=torch.is_autocast_cache_enabled())
+    record.metric(
+        amp_weight_after=amp.weight,
+        amp_master_copies=amp.copies,
+        amp_fp32_bytes=amp.fp32_bytes,
+        amp_casts_in_region=amp.casts_in_region,
+        amp_casts_outside=amp.casts_outside,
+        amp_casts_alive_after_step=amp.alive_after_step,
+        half_weight_after=half.weight,
+        half_fp32_bytes=half.fp32_bytes,
+    )
+
+    update_in_fp32 = amp.param_dtypes == {F32} and amp.weight != 1.0
+    verdict = "refuted" if not update_in_fp32 else "confirmed" if amp.copies else "partly"
+    record.verdict(
+        "AMP-MASTER-FP32",
+        verdict,
+        f"AMP step: weight 1.0 -> {amp.weight:.7g} in {_names(map(_short, amp.param_dtypes))} "
+        f"(lr x grad = {amp.expected_change:.3g}); {amp.copies} separate fp32 copies of the "
+        f"weights in the {amp.fp32_bytes} bytes of fp32 storage held by model and optimizer "
+        f"({amp.param_bytes} of them the parameters), the optimizer "
+        f"{'holds' if amp.same_objects else 'does not hold'} the model's own tensors; autocast "
+        f"made {amp.casts_in_region} fp16 casts of them inside its region, {amp.casts_outside} "
+        f"outside, {amp.alive_after_step} alive after the step. .half(): weight 1.0 -> "
+        f"{half.weight:.7g} (update lost), {half.fp32_bytes} bytes of fp32",
+    )
+    assert amp.param_dtypes == {F32} and amp.same_objects, (
+        f"AMP-MASTER-FP32: predicted the optimizer updates the model's fp32 parameters, got "
+        f"dtypes {amp.param_dtypes}, same objects {amp.same_objects}"
+    )
+    assert amp.copies == 0, f"AMP-MASTER-FP32: predicted no master copy, found {amp.copies}"
+    assert amp.weight == pytest.approx(1.0 - amp.expected_change, rel=0, abs=1e-7), (
+        f"AMP-MASTER-FP32: predicted the fp32 update 1.0 - {amp.expected_change:.3g}, got "
+        f"{amp.weight!r}"
+    )
+    assert (amp.casts_in_region, amp.casts_outside, amp.alive_after_step) == (2, 0, 0), (
+        f"AMP-MASTER-FP32: predicted 2 transient fp16 casts (weight, bias) inside autocast, "
+        f"0 outside, 0 alive after the step; got {amp.casts_in_region}, {amp.casts_outside}, "
+        f"{amp.alive_after_step}"
+    )
+    assert half.weight == 1.0 and half.fp32_bytes == 0, (
+        f"AMP-MASTER-FP32: predicted a .half() model loses the update with no fp32 storage, got "
+        f"weight {half.weight!r}, {half.fp32_bytes} fp32 bytes"
+    )
+
+
+# --- the op table: autocast's per-op choice -----------------------------------------------
+
+_OPS = {
+    "mm": lambda t: torch.mm(t, t.T),
+    "linear": lambda t: F.linear(t, torch.ones(3, t.shape[-1], device=t.device, dtype=t.dtype)),
+    "softmax": lambda t: torch.softmax(t, dim=-1),
+    "log_softmax": lambda t: torch.log_softmax(t, dim=-1),
+    "layer_norm": lambda t: F.layer_norm(t, t.shape[-1:]),
+    "sum": lambda t: t.sum(),
+    "exp": lambda t: torch.exp(t),
+    "cross_entropy": lambda t: F.cross_entropy(
+        t, torch.zeros(len(t), dtype=torch.long, device=t.device)
+    ),
+    "mse_loss": lambda t: F.mse_loss(t, torch.zeros_like(t)),
+}
+# Autocast's choice for each op: "lower" casts float32 input to the autocast dtype, "fp32" runs
+# in float32 even on low-precision input, "input" runs in its input's dtype (on no list). Known
+# (aten/src/ATen/autocast_mode.h): matmuls are lowered on both devices, losses promoted on both;
+# CUDA also promotes softmax, log_softmax, layer_norm, sum and exp, the CPU does not.
+_LOWERED = {"mm", "linear"}
+_PROMOTED = {
+    "cpu": {"cross_entropy", "mse_loss"},
+    "cuda": {"cross_entropy", "mse_loss", "softmax", "log_softmax", "layer_norm", "sum", "exp"},
+}
+
+
+def _op_dtypes(amp_device, low: torch.dtype, given: torch.dtype, enabled: bool = True) -> dict:
+    """Each op's output dtype under `low` autocast, for an input given in dtype `given`."""
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    x = x.to(device=amp_device.torch_device, dtype=given)
+    with torch.autocast(device_type=amp_device.type, dtype=low, enabled=enabled):
+        return {op: fn(x).dtype for op, fn in _OPS.items()}
+
+
+def _category(low: torch.dtype, from32: torch.dtype, from_low: torch.dtype) -> str:
+    return "lower" if from32 == low else "fp32" if from_low == F32 else "input"
+
+
+@pytest.mark.claim("AMP-AUTO-DTYPE")
+@pytest.mark.parametrize(
+    "low",
+    [
+        pytest.param(F16, marks=pytest.mark.requires("fp16_autocast"), id="float16"),
+        pytest.param(torch.bfloat16, marks=pytest.mark.requires("bf16_autocast"), id="bfloat16"),
+    ],
+)
+def test_autocast_picks_the_dtype_per_op(record, amp_device, low):
+    from32, from_low = _op_dtypes(amp_device, low, F32), _op_dtypes(amp_device, low, low)
+    # Negative control: the same ops on float32 input with autocast disabled stay in float32.
+    off = _op_dtypes(amp_device, low, F32, enabled=False)
+    table = {op: (from32[op], from_low[op]) for op in _OPS}
+    categories = {op: _category(low, *dtypes) for op, dtypes in table.items()}
+    record.param(
+        autocast_dtype=_short(low),
+        **{
+            f"dtype.{_short(low)}.{op}": f"float32 in -> {_short(a)}, {_short(low)} in -> "
+            f"{_short(b)} ({categories[op]})"
+            for op, (a, b) in table.items()
+        },
+    )
+    chosen = {c: [op for op, cat in categories.items() if cat == c] for c in ("lower", "fp32")}
+    record.metric(ops=len(table), ops_lowered=len(chosen["lower"]), ops_fp32=len(chosen["fp32"]))
+
+    if "mm" not in chosen["lower"]:
+        verdict = "refuted"
+    else:
+        verdict = "confirmed" if chosen["fp32"] else "partly"
+    record.verdict(
+        "AMP-AUTO-DTYPE",
+        verdict,
+        f"{_short(low)} autocast on {amp_device.type}: of {len(table)} ops, "
+        f"{len(chosen['lower'])} lowered to {_short(low)} ({_names(chosen['lower'])}), "
+        f"{len(chosen['fp32'])} run in float32 even on {_short(low)} input "
+        f"({_names(chosen['fp32'])}), the rest follow their input; with autocast disabled "
+        f"{len(_by_dtype(off, F32))} of {len(off)} float32",
+    )
+    promoted = _PROMOTED[amp_device.type]
+    predicted = {
+        op: "lower" if op in _LOWERED else "fp32" if op in promoted else "input" for op in _OPS
+    }
+    assert categories == predicted, (
+        f"AMP-AUTO-DTYPE: predicted per-op choices {predicted} on {amp_device.type}, got "
+        f"{categories}"
+    )
+    assert set(off.values()) == {F32}, f"AMP-AUTO-DTYPE: autocast disabled, got {off}"
+
+
+# --- norms ---------------------------------------------------------------------------------
+
+
+class _Norms(nn.Module):
+    """The three norms, each fed the fp16 output of a linear layer, as in a network."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 16)
+        self.layer_norm = nn.LayerNorm(16)
+        self.group_norm = nn.GroupNorm(4, 16)
+        self.batch_norm = nn.BatchNorm1d(16)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = self.linear(x)
+        return self.layer_norm(h), self.group_norm(h), self.batch_norm(h)
+
+
+_NORMS = ("layer_norm", "group_norm", "batch_norm")
+_NORMS_PREDICTED = {
+    "cpu": dict.fromkeys(_NORMS, F16),
+    "cuda": {"layer_norm": F32, "group_norm": F32, "batch_norm": F16},
+}
+
+
+def _norm_dtypes(recipe: str, amp_device) -> tuple[dict[str, torch.dtype], nn.BatchNorm1d]:
+    """Output dtype of each norm in one training-mode forward, and the BatchNorm after it."""
+    dtypes: dict[str, torch.dtype] = {}
+    with recipes.get(recipe).bind(amp_device) as precision:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = precision.prepare(_Norms())
+        for name in _NORMS:
+            getattr(model, name).register_forward_hook(
+                lambda _m, _in, out, name=name: dtypes.__setitem__(name, out.dtype)
+            )
+        with precision.forward():
+            model(precision.cast_input(_probe_batch()[0]))
+    return dtypes, model.batch_norm
+
+
+@pytest.mark.claim("AMP-NORM-FP32")
+@pytest.mark.requires("fp16_autocast", "half_training")
+def test_norms_under_fp16_autocast(record, amp_device):
+    amp, bn = _norm_dtypes("amp-fp16-noscaler", amp_device)
+    # Negative control: a .half() BatchNorm keeps its running statistics in fp16.
+    _, half_bn = _norm_dtypes("half", amp_device)
+    stats = {
+        "running_mean": bn.running_mean.dtype,
+        "running_var": bn.running_var.dtype,
+        "weight": bn.weight.dtype,
+    }
+    record.param(
+        **{f"dtype.{name}": _short(d) for name, d in amp.items()},
+        **{f"dtype.batch_norm.{name}": _short(d) for name, d in stats.items()},
+        half_running_var=_short(half_bn.running_var.dtype),
+    )
+    in32 = _by_dtype(amp, F32)
+    record.metric(norms=len(amp), norms_fp32=len(in32))
+
+    verdict = "refuted" if not in32 else "confirmed" if len(in32) == len(amp) else "partly"
+    record.verdict(
+        "AMP-NORM-FP32",
+        verdict,
+        f"fp16 autocast on {amp_device.type}, float16 input: {len(in32)} of {len(amp)} norms "
+        f"output float32 ({_names(in32)}), {len(_by_dtype(amp, F16))} float16 "
+        f"({_names(_by_dtype(amp, F16))}); BatchNorm running_mean/var "
+        f"{_short(stats['running_mean'])}/{_short(stats['running_var'])}, weight "
+        f"{_short(stats['weight'])} (after 1 training-mode forward); a .half() BatchNorm's "
+        f"running_var is {_short(half_bn.running_var.dtype)}",
+    )
+    predicted = _NORMS_PREDICTED[amp_device.type]
+    assert amp == predicted, (
+        f"AMP-NORM-FP32: predicted norm outputs {predicted} on {amp_device.type}, got {amp}"
+    )
+    assert set(stats.values()) == {F32} and bn.num_batches_tracked.item() == 1, (
+        f"AMP-NORM-FP32: predicted float32 BatchNorm weights and running statistics after "
+        f"1 update, got {stats}, {bn.num_batches_tracked.item()} updates"
+    )
+    assert half_bn.running_var.dtype == F16, (
+        f"AMP-NORM-FP32: predicted float16 running_var in a .half() BatchNorm, got "
+        f"{half_bn.running_var.dtype}"
+    )
+
+
+# --- the article's API ---------------------------------------------------------------------
+
+
+def _warnings_of(make) -> tuple[object, list[warnings.WarningMessage]]:
+    """Call `make` and return what it made and every warning it emitted, none turned into an
+    error (the project runs with warnings as errors)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        made = make()
+    return made, caught
+
+
+def _future(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+
+def _enter(context) -> None:
+    with context:
+        pass
+
+
+@pytest.mark.claim("API-DEPRECATED")
+def test_article_api_is_deprecated(record, amp_device):
+    device = amp_device.type
+    # The article's imports.
+    _, old_autocast = _warnings_of(lambda: _enter(torch.cuda.amp.autocast()))
+    old_scaler, old_scaler_warnings = _warnings_of(lambda: torch.cuda.amp.GradScaler())
+    # Negative control: the current API, device named.
+    _, new_autocast = _warnings_of(lambda: _enter(torch.autocast(device_type=device)))
+    new_scaler, new_scaler_warnings = _warnings_of(lambda: torch.amp.GradScaler(device))
+    # The footgun: no device given means "cuda", silently disabled where there is none.
+    default_scaler, _ = _warnings_of(lambda: torch.amp.GradScaler())
+    old_future = _future(old_autocast) + _future(old_scaler_warnings)
+    new_future = _future(new_autocast) + _future(new_scaler_warnings)
+    enabled = {
+        "cuda_amp_no_device": old_scaler.is_enabled(),
+        "amp_no_device": default_scaler.is_enabled(),
+        "amp_device": new_scaler.is_enabled(),
+    }
+    record.param(
+        **{f"warning.old.{i}": text for i, text in enumerate(old_future)},
+        **{f"scaler_enabled.{how}": on for how, on in enabled.items()},
+        cuda_available=torch.cuda.is_available(),
+    )
+    record.metric(future_warnings_old_api=len(old_future), future_warnings_new_api=len(new_future))
+
+    verdict = "partly" if old_future else "confirmed"
+    record.verdict(
+        "API-DEPRECATED",
+        verdict,
+        f"the article's torch.cuda.amp.autocast() and GradScaler() emitted {len(old_future)} "
+        f"FutureWarnings ({' | '.join(old_future) or 'none'}); torch.autocast and "
+        f"torch.amp.GradScaler({device!r}) emitted {len(new_future)}; enabled: "
+        f"torch.cuda.amp.GradScaler() {enabled['cuda_amp_no_device']}, torch.amp.GradScaler() "
+        f"{enabled['amp_no_device']}, torch.amp.GradScaler({device!r}) {enabled['amp_device']} "
+        f"(CUDA available: {torch.cuda.is_available()})",
+    )
+    assert len(old_future) == 2, (
+        f"API-DEPRECATED: predicted a FutureWarning from each of torch.cuda.amp.autocast and "
+        f"GradScaler (torch >= 2.4), got {old_future}"
+    )
+    assert not new_future, f"API-DEPRECATED: predicted none from the current API, got {new_future}"
+    cuda = torch.cuda.is_available()
+    assert enabled["cuda_amp_no_device"] == enabled["amp_no_device"] == cuda, (
+        f"API-DEPRECATED: predicted the device-less scalers enabled exactly when CUDA is "
+        f"available ({cuda}), got {enabled}"
+    )

@@ -1,0 +1,58 @@
+"""Shared fixtures for the tests of the harness itself."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+# Imported once here, before any nested session: pytester's in-process runs drop the modules they
+# imported, and a second import of MLflow's SQLAlchemy store breaks SQLAlchemy's caches.
+import mlflow.store.tracking.rest_store  # noqa: F401
+import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+import pytest
+
+# Likewise torch._dynamo, which optimizer.step() imports on first use: a second import fails
+# ("Only a single TORCH_LIBRARY can be used to register the namespace _inductor_test").
+import torch._dynamo  # noqa: F401
+
+from harness import devices
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def run_scenario(pytester: pytest.Pytester):
+    """Run a scenario module of this repository in a nested, in-process pytest session.
+
+    In-process, so a monkeypatch of torch made by the calling test applies inside the scenario:
+    that is how tests/ shows each scenario fails when the behaviour it checks is broken.
+    Journal only (no MLflow), on the CPU, reports under the pytester folder.
+    """
+    # The plugin probes the device (with torch.autocast, Module.to, GradScaler, ...) once per
+    # process: probe now, before the test patches torch, so that a patch reaches the scenario's
+    # measurement and not what the device is said to be capable of (a skip instead of a failure).
+    devices.probe("cpu")
+
+    def run(module: str, *args: str) -> pytest.RunResult:
+        target = pytester.path / "scenarios"
+        target.mkdir(exist_ok=True)
+        shutil.copy(REPO / "scenarios" / module, target / module)
+        return pytester.runpytest_inprocess(
+            f"scenarios/{module}",
+            "--no-mlflow",
+            "--amp-device=cpu",
+            f"--amp-reports={pytester.path / 'reports'}",
+            "-p",
+            "no:cacheprovider",
+            *args,
+        )
+
+    return run
+
+
+def failure_names_claim(result: pytest.RunResult, claim: str) -> bool:
+    """True when an assertion of the failed scenario starts with the claim ID, as the contract
+    asks ("E   AssertionError: NUM-UNDERFLOW: ..."), not merely when the ID is printed."""
+    return any(line.startswith("E ") and f"{claim}:" in line for line in result.outlines)

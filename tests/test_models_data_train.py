@@ -1,0 +1,165 @@
+"""Models, tasks and the training loop, on the CPU and fast."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from harness import data, devices, models, recipes
+from harness.errors import HarnessError
+from harness.train import evaluate, train
+
+KINDS = ("mlp", "cnn", "transformer")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Models this small gain nothing from intra-op threads, and when other processes share the
+    # cores, OpenMP's waiting threads make each step ten times slower or worse.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def cpu() -> devices.DeviceInfo:
+    return devices.resolve("cpu")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("target", [10_000, 123_456, 3_000_000, 1_000_000_000])
+def test_planned_count_is_within_tolerance(kind, target):
+    # The formula alone: a 1e9-parameter plan allocates nothing.
+    spec = models.plan(kind, target)
+    assert abs(spec.params - target) <= 0.1 * target
+
+
+@pytest.mark.parametrize(
+    ("kind", "options"),
+    [
+        ("mlp", {}),
+        ("mlp", {"depth": 1, "input_dim": 7, "classes": 3}),
+        ("cnn", {}),
+        ("cnn", {"blocks": 1, "in_channels": 1}),
+        ("transformer", {}),
+        ("transformer", {"layers": 2, "heads": 4, "vocab": 100, "seq_len": 16}),
+    ],
+)
+@pytest.mark.parametrize("target", [10_000, 200_000])
+def test_built_model_has_the_planned_count(kind, options, target):
+    spec = models.plan(kind, target, **options)
+    assert models.count_params(models.build(kind, target, **options)) == spec.params
+    assert abs(spec.params - target) <= 0.1 * target
+
+
+def test_transformer_width_splits_into_heads():
+    spec = models.plan("transformer", 1_000_000_000)
+    assert spec.width % spec.options["heads"] == 0
+    assert 48 <= spec.width // spec.options["heads"] <= 80  # about GPT-2's 64 per head
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_seed_same_weights_and_the_global_rng_is_untouched(kind):
+    state = torch.random.get_rng_state()
+    first = models.build(kind, 20_000, seed=1).state_dict()
+    assert torch.equal(torch.random.get_rng_state(), state)
+    same = models.build(kind, 20_000, seed=1).state_dict()
+    other = models.build(kind, 20_000, seed=2).state_dict()
+    assert all(torch.equal(first[name], same[name]) for name in first)
+    assert not all(torch.equal(first[name], other[name]) for name in first)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_seed_same_batches_and_split(kind):
+    task, again, other_task = data.make_task(kind), data.make_task(kind), data.make_task(kind, 1)
+    assert torch.equal(task.val[0], again.val[0]) and torch.equal(task.val[1], again.val[1])
+    assert not torch.equal(task.val[0], other_task.val[0])
+
+    def first(task, seed):
+        batches = task.batches(8, seed)
+        return [next(batches) for _ in range(3)]
+
+    for (x1, y1), (x2, y2) in zip(first(task, 0), first(again, 0), strict=True):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    (x1, _), (x2, _) = first(task, 0)[0], first(task, 1)[0]
+    assert not torch.equal(x1, x2)
+    # The training stream is not the validation split.
+    assert not torch.equal(x1, task.val[0][:8])
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "steps", "lr", "batch_size"),
+    [
+        ("mlp", 20_000, 150, 3e-3, 64),
+        ("cnn", 10_000, 150, 3e-3, 32),
+        ("transformer", 20_000, 60, 1e-2, 16),
+    ],
+)
+def test_each_task_is_learnable_in_fp32(cpu, kind, params, steps, lr, batch_size):
+    task = data.make_task(kind)
+    model = models.build(kind, params, **task.model_options)
+    with recipes.get("fp32").bind(cpu) as precision:
+        history = train(model, precision, task, steps, lr, batch_size=batch_size)
+        metrics = evaluate(model, precision, task)
+    assert model.training  # evaluate puts the model back in train mode
+    assert history.loss[-1] < history.loss[0]
+    assert metrics["val_accuracy"] > task.chance + 0.3, metrics
+
+
+def test_amp_fp16_history_starts_at_scale_65536(cpu):
+    recipe = recipes.get("amp-fp16")
+    reason = recipe.unsupported_reason(cpu)
+    if reason:
+        pytest.skip(reason)
+    task = data.make_task("mlp")
+    model = models.build("mlp", 10_000, **task.model_options)
+    with recipe.bind(cpu) as precision:
+        history = train(model, precision, task, steps=5, lr=1e-3, clip_norm=1.0)
+    record = history.as_dict()
+    assert record["scale"][0] == 65536.0
+    assert {len(values) for values in record.values()} == {5}
+    assert all(isinstance(skipped, bool) for skipped in record["skipped"])
+    assert all(time_s > 0 for time_s in record["step_time_s"])
+    json.dumps(record)
+
+
+def test_training_goes_on_after_the_loss_diverges(cpu):
+    task = data.make_task("mlp")
+    model = models.build("mlp", 10_000, **task.model_options)
+    with recipes.get("fp32").bind(cpu) as precision:
+        history = train(model, precision, task, steps=10, lr=1e12, optimizer="sgd")
+    assert len(history.loss) == 10
+    assert not math.isfinite(history.loss[-1])
+
+
+@pytest.mark.parametrize(
+    ("call", "closest"),
+    [
+        (lambda: models.build("transfomer", 10_000), "transformer"),
+        (lambda: models.build("mlp", 10_000, dept=2), "depth"),
+        (lambda: data.make_task("cnnn"), "cnn"),
+        (lambda: data.make_task("mlp", clases=3), "classes"),
+    ],
+)
+def test_unknown_names_raise_naming_the_closest(call, closest):
+    with pytest.raises(HarnessError, match=f"closest: {closest}"):
+        call()
+
+
+def test_unknown_optimizer_raises(cpu):
+    task = data.make_task("mlp")
+    model = models.build("mlp", 10_000, **task.model_options)
+    with (
+        recipes.get("fp32").bind(cpu) as precision,
+        pytest.raises(HarnessError, match="closest: adamw"),
+    ):
+        train(model, precision, task, steps=1, lr=1e-3, optimizer="adam")
+
+
+def test_a_target_below_the_smallest_model_raises():
+    with pytest.raises(HarnessError, match="no width gets within"):
+        models.plan("transformer", 100)

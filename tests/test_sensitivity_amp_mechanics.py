@@ -1,0 +1,82 @@
+"""scenarios/test_amp_mechanics.py can fail: break the PyTorch behaviour each of its tests checks
+and the scenario fails with an assertion that names the claim."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import failure_names_claim
+
+MODULE = "test_amp_mechanics.py"
+
+
+def test_module_passes_unpatched(run_scenario):
+    run_scenario(MODULE).assert_outcomes(passed=7)
+
+
+def _fails_naming(result: pytest.RunResult, claim: str, failed: int = 1) -> None:
+    result.assert_outcomes(failed=failed)
+    assert failure_names_claim(result, claim)
+
+
+@pytest.mark.parametrize(
+    ("test", "claim", "failed"),
+    [
+        ("test_forward_is_not_all_fp16", "AMP-FWD-FP16", 1),
+        ("test_autocast_picks_the_dtype_per_op", "AMP-AUTO-DTYPE", 2),  # float16 and bfloat16
+    ],
+)
+def test_autocast_that_does_nothing_fails(run_scenario, monkeypatch, test, claim, failed):
+    # Every op then runs in its input's dtype: no fp16 matmul, no per-op choice.
+    monkeypatch.setattr(torch, "autocast", lambda *args, **kwargs: contextlib.nullcontext())
+    _fails_naming(run_scenario(MODULE, "-k", test), claim, failed)
+
+
+def test_fp16_parameters_fail_backward(run_scenario, monkeypatch):
+    # The model arrives with fp16 parameters, so their .grad is fp16 under autocast.
+    to = torch.nn.Module.to
+    monkeypatch.setattr(torch.nn.Module, "to", lambda self, *a, **k: to(self, *a, **k).half())
+    result = run_scenario(MODULE, "-k", "test_backward_follows_forward_dtype")
+    _fails_naming(result, "AMP-BWD-FP16")
+
+
+def test_optimizer_with_a_master_copy_fails(run_scenario, monkeypatch):
+    # An apex-O2-style optimizer: it keeps an fp32 copy of every weight in its state.
+    step = torch.optim.SGD.step
+
+    def step_keeping_a_master_copy(self, closure=None):
+        loss = step(self, closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["master"] = p.detach().float().clone()
+        return loss
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step_keeping_a_master_copy)
+    result = run_scenario(MODULE, "-k", "test_fp32_parameters_are_the_only_copy")
+    _fails_naming(result, "AMP-MASTER-FP32")
+
+
+def test_layer_norm_promoted_on_cpu_fails(run_scenario, monkeypatch):
+    # Simulates CPU autocast putting layer_norm on its fp32 list, as CUDA does.
+    layer_norm = F.layer_norm
+
+    def promoted(x, *args, **kwargs):
+        x = x.float() if torch.is_autocast_enabled(x.device.type) else x
+        return layer_norm(x, *args, **kwargs)
+
+    monkeypatch.setattr(F, "layer_norm", promoted)
+    _fails_naming(run_scenario(MODULE, "-k", "test_norms_under_fp16_autocast"), "AMP-NORM-FP32")
+
+
+def test_torch_cuda_amp_without_deprecation_fails(run_scenario, monkeypatch):
+    # The article's API as it was before torch 2.4: the same objects, no FutureWarning.
+    monkeypatch.setattr(torch.cuda.amp, "autocast", functools.partial(torch.autocast, "cuda"))
+    monkeypatch.setattr(
+        torch.cuda.amp, "GradScaler", functools.partial(torch.amp.GradScaler, "cuda")
+    )
+    result = run_scenario(MODULE, "-k", "test_article_api_is_deprecated")
+    _fails_naming(result, "API-DEPRECATED")
