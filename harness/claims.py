@@ -33,7 +33,7 @@ class CatalogueError(HarnessError):
     pass
 
 
-def load_catalogue(path: Path = CATALOGUE_PATH) -> dict[str, Claim]:
+def load_catalogue(path: Path) -> dict[str, Claim]:
     """Read and validate a catalogue file; every problem names the file, the entry and the field."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -67,7 +67,7 @@ def load_catalogue(path: Path = CATALOGUE_PATH) -> dict[str, Claim]:
 @functools.cache
 def catalogue() -> dict[str, Claim]:
     """The project's catalogue, loaded once per process."""
-    return load_catalogue()
+    return load_catalogue(CATALOGUE_PATH)
 
 
 def unknown_ids(ids) -> list[tuple[str, str]]:

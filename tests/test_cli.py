@@ -1,0 +1,68 @@
+"""`amp-harness`: its help is a contract, `list --json` a format, errors say what to do."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from harness import cli
+from harness.claims import catalogue
+
+
+def amp(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args], cwd=cwd, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+
+
+def test_help_lists_every_command():
+    text = cli.parser().format_help()
+    for command in ("run", "list", "sync", "ui"):
+        assert command in text
+
+
+def test_list_json_after_a_run_has_tests_and_last_verdicts(tmp_path):
+    shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
+    shutil.copy(REPO / "tox.ini", tmp_path)
+    ran = amp("run", "--no-mlflow", "--amp-device=cpu", "-k", "bytes", "-p", "no:cacheprovider",
+              cwd=tmp_path)  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    assert "Where to look next" in ran.stdout
+    listed = amp("list", "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["id"]: row for row in json.loads(listed.stdout)}
+    assert list(rows) == list(catalogue())
+    assert {"id", "statement", "tests", "last_verdict"} <= set(rows["FMT-BYTES"])
+    assert any("test_formats.py::" in t for t in rows["FMT-BYTES"]["tests"])
+    assert rows["FMT-BYTES"]["last_verdict"] == "confirmed"
+    assert rows["FMT-BITS"]["last_verdict"] is None  # not run by `-k bytes`
+    assert rows["HDL-MEMORY"]["tests"] == []  # no scenario yet
+
+
+def test_run_outside_a_checkout_says_where_to_run(tmp_path, capsys):
+    assert cli.main(["run", "--scenarios", str(tmp_path / "nowhere")]) == 2
+    assert "no scenario folder" in capsys.readouterr().err
+
+
+def test_sync_to_a_dead_server_fails_clearly_and_keeps_the_journal(tmp_path, capsys):
+    journal = tmp_path / "journal.jsonl"
+    session = {"type": "session", "session_id": "s1", "name": "n", "started": 0.0, "args": [],
+               "fingerprint": {}}  # fmt: skip
+    journal.write_text(json.dumps(session) + "\n")
+    code = cli.main(["sync", "--reports", str(tmp_path), "--tracking-uri", "http://127.0.0.1:9"])
+    assert code == 2
+    assert "sync stopped" in capsys.readouterr().err
+    assert journal.read_text().count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["list", "--bogus"], ["frobnicate"]])
+def test_bad_arguments_are_usage_errors(argv):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
