@@ -52,7 +52,10 @@ def run_scenario(pytester: pytest.Pytester):
     return run
 
 
-def failure_names_claim(result: pytest.RunResult, claim: str) -> bool:
-    """True when an assertion of the failed scenario starts with the claim ID, as the contract
-    asks ("E   AssertionError: NUM-UNDERFLOW: ..."), not merely when the ID is printed."""
-    return any(line.startswith("E ") and f"{claim}:" in line for line in result.outlines)
+def assert_fails_naming(result: pytest.RunResult, claim: str, failed: int = 1) -> None:
+    """The nested scenario run failed, and an assertion of it starts with the claim ID, as the
+    contract asks ("E   AssertionError: NUM-UNDERFLOW: ..."), not merely printing the ID."""
+    result.assert_outcomes(failed=failed)
+    assert any(line.startswith("E ") and f"{claim}:" in line for line in result.outlines), (
+        f"no assertion naming {claim} in the failure output"
+    )

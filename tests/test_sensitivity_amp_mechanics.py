@@ -9,18 +9,13 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import failure_names_claim
+from conftest import assert_fails_naming
 
 MODULE = "test_amp_mechanics.py"
 
 
 def test_module_passes_unpatched(run_scenario):
     run_scenario(MODULE).assert_outcomes(passed=7)
-
-
-def _fails_naming(result: pytest.RunResult, claim: str, failed: int = 1) -> None:
-    result.assert_outcomes(failed=failed)
-    assert failure_names_claim(result, claim)
 
 
 @pytest.mark.parametrize(
@@ -33,7 +28,7 @@ def _fails_naming(result: pytest.RunResult, claim: str, failed: int = 1) -> None
 def test_autocast_that_does_nothing_fails(run_scenario, monkeypatch, test, claim, failed):
     # Every op then runs in its input's dtype: no fp16 matmul, no per-op choice.
     monkeypatch.setattr(torch, "autocast", lambda *args, **kwargs: contextlib.nullcontext())
-    _fails_naming(run_scenario(MODULE, "-k", test), claim, failed)
+    assert_fails_naming(run_scenario(MODULE, "-k", test), claim, failed)
 
 
 def test_fp16_parameters_fail_backward(run_scenario, monkeypatch):
@@ -41,7 +36,7 @@ def test_fp16_parameters_fail_backward(run_scenario, monkeypatch):
     to = torch.nn.Module.to
     monkeypatch.setattr(torch.nn.Module, "to", lambda self, *a, **k: to(self, *a, **k).half())
     result = run_scenario(MODULE, "-k", "test_backward_follows_forward_dtype")
-    _fails_naming(result, "AMP-BWD-FP16")
+    assert_fails_naming(result, "AMP-BWD-FP16")
 
 
 def test_optimizer_with_a_master_copy_fails(run_scenario, monkeypatch):
@@ -57,7 +52,7 @@ def test_optimizer_with_a_master_copy_fails(run_scenario, monkeypatch):
 
     monkeypatch.setattr(torch.optim.SGD, "step", step_keeping_a_master_copy)
     result = run_scenario(MODULE, "-k", "test_fp32_parameters_are_the_only_copy")
-    _fails_naming(result, "AMP-MASTER-FP32")
+    assert_fails_naming(result, "AMP-MASTER-FP32")
 
 
 def test_layer_norm_promoted_on_cpu_fails(run_scenario, monkeypatch):
@@ -69,7 +64,8 @@ def test_layer_norm_promoted_on_cpu_fails(run_scenario, monkeypatch):
         return layer_norm(x, *args, **kwargs)
 
     monkeypatch.setattr(F, "layer_norm", promoted)
-    _fails_naming(run_scenario(MODULE, "-k", "test_norms_under_fp16_autocast"), "AMP-NORM-FP32")
+    result = run_scenario(MODULE, "-k", "test_norms_under_fp16_autocast")
+    assert_fails_naming(result, "AMP-NORM-FP32")
 
 
 def test_torch_cuda_amp_without_deprecation_fails(run_scenario, monkeypatch):
@@ -79,4 +75,4 @@ def test_torch_cuda_amp_without_deprecation_fails(run_scenario, monkeypatch):
         torch.cuda.amp, "GradScaler", functools.partial(torch.amp.GradScaler, "cuda")
     )
     result = run_scenario(MODULE, "-k", "test_article_api_is_deprecated")
-    _fails_naming(result, "API-DEPRECATED")
+    assert_fails_naming(result, "API-DEPRECATED")

@@ -5,7 +5,7 @@ skipped step) and checks that the scenario then fails with an assertion naming i
 from __future__ import annotations
 
 import torch
-from conftest import failure_names_claim
+from conftest import assert_fails_naming
 
 MODULE = "test_formats.py"
 
@@ -22,8 +22,7 @@ def test_bits_fail_when_addition_does_not_round_to_the_dtype(run_scenario, monke
 
     monkeypatch.setattr(torch.Tensor, "__add__", add_in_float64)
     result = run_scenario(MODULE, "-k", "bits")
-    result.assert_outcomes(failed=1)
-    assert failure_names_claim(result, "FMT-BITS")
+    assert_fails_naming(result, "FMT-BITS")
 
 
 def test_range_fails_when_subnormals_are_flushed(run_scenario, monkeypatch):
@@ -37,8 +36,7 @@ def test_range_fails_when_subnormals_are_flushed(run_scenario, monkeypatch):
 
     monkeypatch.setattr(torch.Tensor, "__truediv__", flush_to_zero)
     result = run_scenario(MODULE, "-k", "range")
-    result.assert_outcomes(failed=1)
-    assert failure_names_claim(result, "FMT-RANGE")
+    assert_fails_naming(result, "FMT-RANGE")
 
 
 def test_bytes_fail_when_fp16_reports_four_bytes(run_scenario, monkeypatch):
@@ -49,8 +47,7 @@ def test_bytes_fail_when_fp16_reports_four_bytes(run_scenario, monkeypatch):
         lambda self: 4 if self.dtype == torch.float16 else element_size(self),
     )
     result = run_scenario(MODULE, "-k", "bytes")
-    result.assert_outcomes(failed=1)
-    assert failure_names_claim(result, "FMT-BYTES")
+    assert_fails_naming(result, "FMT-BYTES")
 
 
 def test_underflow_fails_when_the_cast_flushes_below_6e_8(run_scenario, monkeypatch):
@@ -61,8 +58,7 @@ def test_underflow_fails_when_the_cast_flushes_below_6e_8(run_scenario, monkeypa
 
     monkeypatch.setattr(torch.Tensor, "half", article_half)
     result = run_scenario(MODULE, "-k", "underflow")
-    result.assert_outcomes(failed=1)
-    assert failure_names_claim(result, "NUM-UNDERFLOW")
+    assert_fails_naming(result, "NUM-UNDERFLOW")
 
 
 def test_overflow_fails_when_the_cast_saturates(run_scenario, monkeypatch):
@@ -73,8 +69,7 @@ def test_overflow_fails_when_the_cast_saturates(run_scenario, monkeypatch):
 
     monkeypatch.setattr(torch.Tensor, "half", saturating_half)
     result = run_scenario(MODULE, "-k", "overflow")
-    result.assert_outcomes(failed=1)
-    assert failure_names_claim(result, "NUM-OVERFLOW")
+    assert_fails_naming(result, "NUM-OVERFLOW")
 
 
 def test_overflow_fails_when_the_scaler_never_skips(run_scenario, monkeypatch):
@@ -84,5 +79,4 @@ def test_overflow_fails_when_the_scaler_never_skips(run_scenario, monkeypatch):
 
     monkeypatch.setattr(torch.amp.GradScaler, "step", step_always)
     result = run_scenario(MODULE, "-k", "overflow")
-    result.assert_outcomes(failed=1)
-    assert failure_names_claim(result, "NUM-OVERFLOW")
+    assert_fails_naming(result, "NUM-OVERFLOW")

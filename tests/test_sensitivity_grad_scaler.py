@@ -10,7 +10,7 @@ assertion of GradScaler.
 from __future__ import annotations
 
 import pytest
-from conftest import failure_names_claim
+from conftest import assert_fails_naming
 from torch.amp.grad_scaler import GradScaler, OptState
 
 MODULE = "test_grad_scaler.py"
@@ -65,8 +65,7 @@ def test_scenario_fails_when_grad_scaler_is_broken(
 ):
     monkeypatch.setattr(GradScaler, method, broken)
     result = run_scenario(MODULE, "-k", test)
-    result.assert_outcomes(failed=1)
-    assert failure_names_claim(result, claim)
+    assert_fails_naming(result, claim)
 
 
 def test_module_passes_unpatched(run_scenario):
