@@ -66,3 +66,12 @@ def test_bad_arguments_are_usage_errors(argv):
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
     assert exit_.value.code == 2
+
+
+def test_ui_serves_the_embedded_store_on_loopback(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(cli.subprocess, "call", lambda command, env: started.append(command) or 0)
+    assert cli.main(["ui", "--reports", str(tmp_path)]) == 0
+    (command,) = started
+    assert command[command.index("--host") + 1] == "127.0.0.1"
+    assert command[command.index("--backend-store-uri") + 1] == f"sqlite:///{tmp_path}/mlflow.db"
