@@ -280,9 +280,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write(render(state.records, writer.fullwidth, writer.hasmarkup))
     terminalreporter.write_line(f"journal: {state.journal.path}")
     if state.sink is None:
-        terminalreporter.write_line("MLflow: off (--no-mlflow); `amp-harness sync` replays later")
+        terminalreporter.write_line(
+            f"MLflow: off (--no-mlflow); `amp-harness sync --reports {state.reports}` sends "
+            "the journal later"
+        )
     elif state.sink.down:
-        terminalreporter.write_line(f"MLflow: {state.sink.down}", yellow=True)
+        terminalreporter.write_line(
+            f"MLflow: {state.sink.down}; every result is in the journal: once MLflow is "
+            f"reachable, run `amp-harness sync --reports {state.reports} --tracking-uri "
+            f"{state.sink.uri}`",
+            yellow=True,
+        )
     else:
         terminalreporter.write_line(
             f"MLflow: {state.sink.uri} (experiment {state.sink.experiment!r}); browse with "

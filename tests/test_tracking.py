@@ -188,6 +188,20 @@ def test_dead_server_costs_seconds_loses_nothing_and_sync_replays_once(
     assert {p.info.status for p in parents} == {"FINISHED"}  # ended from the journal
 
 
+def test_a_hanging_server_costs_one_bounded_call(pytester):
+    """A server that accepts connections and never answers: the first call times out, the
+    session goes on without MLflow, and the journal has everything."""
+    with socket.socket() as hanging:
+        hanging.bind(("127.0.0.1", 0))
+        hanging.listen(16)  # the kernel completes the handshakes; nobody ever reads
+        uri = f"http://127.0.0.1:{hanging.getsockname()[1]}"
+        result, seconds = run_session(pytester, f"--tracking-uri={uri}")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["MLflow: creating the session run failed after *"])
+    assert seconds < 15, f"a hanging server blocked the session for {seconds:.1f} s"
+    assert len([e for e in journal(pytester).entries() if e["type"] == "record"]) == 3
+
+
 def test_corrupt_journal_line_is_skipped_with_a_warning(tmp_path):
     path = tmp_path / "journal.jsonl"
     good = Journal(path)
