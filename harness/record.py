@@ -61,13 +61,13 @@ class Record:
             self.histories[_key(prefix + name)] = [float(v) for v in values]
 
     def figure(self, name: str, fig) -> None:
-        """Save a matplotlib figure as PNG beside the record; it is logged as an artifact."""
-        import matplotlib.pyplot as plt
+        """Save a matplotlib figure as PNG beside the record; it is logged as an artifact.
 
+        Build figures with `matplotlib.figure.Figure` (as harness.figures does): pyplot keeps
+        every figure it made alive until closed, and needs a display backend."""
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
         filename = f"{_key(name).replace('/', '_')}.png"
-        fig.savefig(self.artifact_dir / filename, dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        fig.savefig(self.artifact_dir / filename, dpi=100)
         self.figures.append(filename)
 
     def verdict(self, claim: str, verdict: str, evidence: str) -> None:

@@ -169,16 +169,13 @@ def test_unwritable_reports_folder_is_a_usage_error_before_any_test_runs(pyteste
 def test_figures_and_histories_reach_the_record(pytester):
     source = """
 import pytest
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from harness.figures import training_curves
 
 @pytest.mark.claim("PRACTICE-SMOKE")
 def test_curves(record):
-    record.history(loss=[3.0, 2.0, float("nan")], scale=[65536.0] * 3)
-    fig, ax = plt.subplots()
-    ax.plot([1, 2, 3])
-    record.figure("curves", fig)
+    history = {"loss": [3.0, 2.0, float("nan")], "scale": [65536.0] * 3}
+    record.history(**history)
+    record.figure("curves", training_curves({"amp-fp16": history}, "smoke"))
     record.verdict("PRACTICE-SMOKE", "confirmed", "loss 3.0 -> 2.0 over 3 steps")
 """
     run(pytester, source).assert_outcomes(passed=1)

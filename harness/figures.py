@@ -1,0 +1,29 @@
+"""Figures that several scenarios log: training curves side by side, per recipe."""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+# The article's early-warning signals (PRACTICE-SMOKE), in the order a person reads them.
+PANELS = (
+    ("loss", "loss", "linear"),
+    ("scale", "loss scale", "log"),
+    ("skipped", "skipped steps (cumulative)", "linear"),
+    ("grad_norm", "grad norm after unscaling", "log"),
+)
+
+
+def training_curves(runs: dict[str, dict[str, list]], title: str, panels=PANELS) -> Figure:
+    """One panel per signal against the step, one line per run (label -> History.as_dict())."""
+    fig = Figure(figsize=(4 * len(panels), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (key, label, yscale) in zip(axes, panels, strict=True):
+        for name, history in runs.items():
+            values = history.get(key, [])
+            if key == "skipped":
+                values = [sum(values[: i + 1]) for i in range(len(values))]
+            ax.plot(range(len(values)), values, label=name, linewidth=1.2)
+        ax.set(title=label, xlabel="step", yscale=yscale)
+    axes[0].legend(fontsize="small")
+    fig.suptitle(title)
+    return fig
