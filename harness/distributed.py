@@ -6,6 +6,10 @@ work), calls `target(ctx, *args)` on each and returns the per-rank results (anyt
 keep them plain, lists rather than tensors). A rank that raises, crashes or hangs becomes a
 `RankError` naming the rank and the cause, within the timeout, with every rank process ended.
 
+`AMP_HARNESS_RANK_SETUP=MODULE:FUNCTION` names a function every spawned rank calls before the
+target (a monkeypatch made in the parent does not reach spawned ranks): tests/ uses it to break
+PyTorch inside the ranks and show that the distributed scenarios then fail.
+
 The same targets run across nodes under torchrun:
 
     torchrun --nproc-per-node 2 -m harness.distributed MODULE:FUNCTION --out DIR
@@ -32,6 +36,7 @@ import torch.distributed as dist
 
 from harness.errors import HarnessError
 
+SETUP_ENV = "AMP_HARNESS_RANK_SETUP"
 GRACE_S = 3.0  # how long the other ranks get to finish once one has failed
 
 
@@ -74,6 +79,8 @@ def _rank_main(target, args, rank, world_size, backend, folder: str, timeout_s: 
     os.dup2(log, 2)
     torch.set_num_threads(1)  # N ranks share the machine's cores
     try:
+        if os.environ.get(SETUP_ENV):
+            _resolve(os.environ[SETUP_ENV])()
         dist.init_process_group(
             backend, init_method=(folder / "store").as_uri(), rank=rank, world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
@@ -179,14 +186,18 @@ def _wait(processes, folder: Path, deadline: float, timeout_s: float) -> list[st
     ]
 
 
+def _resolve(name: str) -> Callable:
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def main(argv: list[str] | None = None) -> int:
     """torchrun entry: run MODULE:FUNCTION on this rank, write its result to OUT/rank<N>.pickle."""
     parser = argparse.ArgumentParser(prog="python -m harness.distributed")
     parser.add_argument("target", help="MODULE:FUNCTION taking a RankContext")
     parser.add_argument("--out", required=True, help="folder for the per-rank results")
     args = parser.parse_args(argv)
-    module, _, function = args.target.partition(":")
-    target = getattr(importlib.import_module(module), function)
+    target = _resolve(args.target)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)  # env:// rendezvous, as torchrun sets it up

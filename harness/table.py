@@ -36,11 +36,12 @@ def verdict_rows(records: list[Record]) -> list[tuple[str, str, str, str, str]]:
 
 
 def render(records: list[Record], width: int, color: bool) -> str:
-    table = Table(title="amp-harness verdicts", expand=True)
+    devices = sorted({record.device for record in records})
+    table = Table(title=f"amp-harness verdicts on {'; '.join(devices)}", expand=True)
     table.add_column("claim", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
     table.add_column("evidence", ratio=1, overflow="fold")  # the evidence gets the room
-    table.add_column("device", max_width=24, overflow="fold")
+    table.add_column("device", max_width=16, overflow="fold")
     for claim, verdict, evidence, device, _test in verdict_rows(records):
         table.add_row(
             claim, verdict, evidence, device, style=VERDICT_STYLE.get(verdict, "bold red")

@@ -1,0 +1,366 @@
+"""Pitfall 3: gradient synchronisation across ranks, on real torch.distributed.
+
+Claims: PIT3-FP16-SYNC, PIT3-ZERO-ALL, PIT3-CHECK-BEFORE-STEP. The article says multi-GPU
+gradient sync runs in FP16 and that one card's underflow zeroes every card. What default DDP
+does instead, measured on gloo ranks (world sizes 2 and 4) and on NCCL where there is one GPU
+per rank:
+- buckets are all-reduced in the gradient dtype (fp32 under autocast): a comm hook records the
+  bucket dtype, and a value fp32 can hold but fp16 cannot (1 + k * 2**-20) survives exactly;
+- a rank whose gradients are all zero adds 0: every rank ends with the exact mean;
+- an inf on one rank reaches every rank, and every rank's GradScaler skips and backs off alike;
+- only the opt-in `fp16_compress_hook` (cast to fp16, divide by the world size, all-reduce)
+  flushes small gradients to zero on every rank: values at or below 2**-25 * world_size before
+  the division; loss scaling keeps them.
+
+All experiments of one world size run in one launch (spawning ranks costs seconds); each test
+reads its part. Per-rank observations are logged as metrics `rank<N>/...`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from harness import devices
+from harness.distributed import RankContext, run_ranks
+
+WORLD_SIZES = (2, 4)
+SIGNATURE_STEP = 2.0**-20  # fp32 keeps 1 + k * 2**-20; fp16 (10 mantissa bits) rounds it to 1
+FP16_SUBNORMAL = 2.0**-24  # the fp16 hook's candidates are multiples of it: cast exactly
+CANDIDATES = range(1, 9)  # k * 2**-24, k = 1..8, on every rank
+LOSS_SCALE = 65536.0
+
+
+# --- what each rank runs -------------------------------------------------------------------
+
+
+def _ddp(module: torch.nn.Module, ctx: RankContext) -> DistributedDataParallel:
+    module = module.to(ctx.device)
+    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=ids)
+
+
+class _Probe(torch.nn.Module):
+    """A matmul under autocast (its gradient is computed in fp16) and a parameter whose gradient
+    is set exactly in fp32: `values`, chosen per rank."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1, bias=False)
+        self.exact = torch.nn.Parameter(torch.zeros(size))
+
+    def forward(self, x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        # d(loss)/d(exact) = values, computed in fp32 whatever autocast does to the matmul.
+        return self.linear(x).float().sum() + (self.exact * values).sum()
+
+
+def _comm_dtype(ctx: RankContext) -> dict:
+    """DDP under fp16 autocast, three ways: untouched (the fp32 signature after the sync), with
+    a hook that records each bucket's dtype and then does what DDP does by default, and with the
+    opt-in fp16_compress_hook (the negative control: the signature is lost)."""
+    out = {}
+    for name in ("default", "recorded", "fp16_compress_hook"):
+        model = _ddp(_Probe(1), ctx)
+        seen: list[str] = []
+
+        def record_then_reduce(state, bucket, seen=seen):
+            seen.append(str(bucket.buffer().dtype).removeprefix("torch."))
+            return default_hooks.allreduce_hook(None, bucket)  # DDP's default: mean in place
+
+        if name == "recorded":
+            model.register_comm_hook(None, record_then_reduce)
+        elif name == "fp16_compress_hook":
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        values = torch.tensor([1.0 + (ctx.rank + 1) * SIGNATURE_STEP], device=ctx.device)
+        with torch.autocast(device_type=ctx.device.type, dtype=torch.float16):
+            loss = model(torch.ones(2, 4, device=ctx.device), values)
+        loss.backward()
+        out[name] = {
+            "bucket_dtypes": seen,
+            "linear_grad_dtype": str(model.module.linear.weight.grad.dtype).removeprefix("torch."),
+            "signature": model.module.exact.grad.item(),
+        }
+    return out
+
+
+def _zero_rank(ctx: RankContext) -> dict:
+    """Rank 0's gradients are all zero (as if they had underflowed); the others' are 1..N-1."""
+    model = _ddp(_Probe(3), ctx)
+    values = torch.full((3,), float(ctx.rank), device=ctx.device)
+    model(torch.zeros(1, 4, device=ctx.device), values).backward()
+    return {"local": values.tolist(), "synced": model.module.exact.grad.tolist()}
+
+
+def _inf_rank(ctx: RankContext) -> dict:
+    """An inf in rank 1's gradient under GradScaler; negative control: the same without one."""
+    out = {}
+    for scaled in (True, False):
+        torch.manual_seed(0)
+        model = _ddp(torch.nn.Linear(4, 2), ctx)
+        before = [p.detach().clone() for p in model.parameters()]
+        if ctx.rank == 1:
+            model.module.weight.register_hook(lambda g: g * math.inf)  # before DDP's all-reduce
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        steps: list[int] = []
+        optimizer.register_step_pre_hook(lambda *_, steps=steps: steps.append(1))
+        scaler = torch.amp.GradScaler(ctx.device.type) if scaled else None
+        with torch.autocast(device_type=ctx.device.type, dtype=torch.float16):
+            loss = model(torch.ones(3, 4, device=ctx.device)).float().sum()
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)  # no validity check of our own, against the article's advice
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        grad = model.module.weight.grad
+        out["scaler" if scaled else "plain"] = {
+            "grad_nonfinite": int((~torch.isfinite(grad)).sum()),
+            "optimizer_steps": len(steps),
+            "scale": scaler.get_scale() if scaler else 1.0,
+            "params_unchanged": all(
+                torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)
+            ),
+            "params_finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
+        }
+    return out
+
+
+def _fp16_hook_flush(ctx: RankContext) -> dict:
+    """Tiny gradients k * 2**-24 (the same on every rank) through fp16_compress_hook, unscaled
+    and with the loss scaled by 65536; the default hook as the reference."""
+    values = torch.tensor([k * FP16_SUBNORMAL for k in CANDIDATES], device=ctx.device)
+    out = {}
+    for name, hook, scale in (
+        ("default", None, 1.0),
+        ("fp16", default_hooks.fp16_compress_hook, 1.0),
+        ("fp16_scaled", default_hooks.fp16_compress_hook, LOSS_SCALE),
+    ):
+        model = _ddp(_Probe(len(values)), ctx)
+        if hook is not None:
+            model.register_comm_hook(None, hook)
+        loss = model(torch.zeros(1, 4, device=ctx.device), values) * scale
+        loss.backward()
+        out[name] = (model.module.exact.grad / scale).tolist()  # unscaled, as scaler.unscale_ does
+    return out
+
+
+def rank_experiments(ctx: RankContext) -> dict:
+    """Every experiment, in one process group; each returns plain data."""
+    torch.manual_seed(ctx.rank)
+    results = {
+        "comm_dtype": _comm_dtype(ctx),
+        "zero_rank": _zero_rank(ctx),
+        "inf_rank": _inf_rank(ctx),
+        "fp16_hook": _fp16_hook_flush(ctx),
+    }
+    dist.barrier()
+    return results
+
+
+# --- the tests -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda n: f"world{n}")
+def ranks(request, amp_device: devices.DeviceInfo) -> list[dict]:
+    """Per-rank results of one launch of `world_size` gloo ranks (NCCL is the GPU test)."""
+    return run_ranks(rank_experiments, request.param, "cpu", timeout_s=120)
+
+
+def _per_rank(record, name: str, values: list) -> None:
+    record.metric(**{f"rank{r}/{name}": v for r, v in enumerate(values)})
+
+
+@pytest.mark.claim("PIT3-FP16-SYNC")
+def test_default_ddp_reduces_in_the_gradient_dtype(ranks, record):
+    world = len(ranks)
+    runs = {name: [r["comm_dtype"][name] for r in ranks] for name in ranks[0]["comm_dtype"]}
+    expected = 1.0 + (world + 1) / 2 * SIGNATURE_STEP  # the mean of 1 + (r+1) * 2**-20
+    for name, per_rank in runs.items():
+        _per_rank(record, f"signature_{name}", [d["signature"] for d in per_rank])
+    buckets = sorted({t for d in runs["recorded"] for t in d["bucket_dtypes"]})
+    record.param(world_size=world, bucket_dtypes=buckets)
+    exact = all(d["signature"] == expected for d in runs["default"] + runs["recorded"])
+    buckets_fp32 = all(d["bucket_dtypes"] == ["float32"] for d in runs["recorded"])
+    verdict = "refuted" if exact and buckets_fp32 else "confirmed" if not exact else "partly"
+    record.verdict(
+        "PIT3-FP16-SYNC",
+        verdict,
+        f"{world} gloo ranks, default DDP under fp16 autocast: bucket dtypes {buckets} "
+        f"(parameter grads {runs['default'][0]['linear_grad_dtype']}); the fp32 signature "
+        f"{expected!r} arrived as {runs['default'][0]['signature']!r} on every rank: "
+        f"{'exact' if exact else 'rounded'}; with the opt-in fp16_compress_hook it arrived as "
+        f"{runs['fp16_compress_hook'][0]['signature']!r}",
+    )
+    assert buckets_fp32 and exact, (
+        f"PIT3-FP16-SYNC: predicted fp32 buckets and an exact {expected!r} on every rank, got "
+        f"{[(d['bucket_dtypes'], d['signature']) for d in runs['default'] + runs['recorded']]}"
+    )
+    # Negative control: the probe sees fp16 communication when it is there.
+    assert all(d["signature"] == 1.0 for d in runs["fp16_compress_hook"]), (
+        f"PIT3-FP16-SYNC: the fp16 hook should round the signature to 1.0, got {runs}"
+    )
+
+
+@pytest.mark.claim("PIT3-ZERO-ALL")
+def test_a_rank_of_zero_gradients_adds_zero(ranks, record):
+    world = len(ranks)
+    synced = [r["zero_rank"]["synced"] for r in ranks]
+    mean = sum(range(world)) / world  # rank r contributes r; rank 0 contributes zeros
+    _per_rank(record, "synced_grad", [s[0] for s in synced])
+    record.param(world_size=world)
+    all_zero = all(v == 0.0 for s in synced for v in s)
+    exact_mean = all(v == mean for s in synced for v in s)
+    verdict = "confirmed" if all_zero else "refuted" if exact_mean else "inconclusive"
+    record.verdict(
+        "PIT3-ZERO-ALL",
+        verdict,
+        f"{world} gloo ranks, rank 0's gradients all 0, rank r's equal to r: after DDP's "
+        f"all-reduce every rank holds {synced[0][0]!r} (the exact mean, {mean!r}); rank 0's "
+        f"own gradient before the sync was {ranks[0]['zero_rank']['local'][0]!r}",
+    )
+    assert exact_mean, f"PIT3-ZERO-ALL: predicted {mean!r} on every rank, got {synced}"
+    # Negative control: the mean is the communication's doing, not rank 0's local gradient.
+    assert ranks[0]["zero_rank"]["local"] == [0.0] * 3 and mean != 0.0
+
+
+@pytest.mark.claim("PIT3-CHECK-BEFORE-STEP")
+@pytest.mark.requires("grad_scaler")
+def test_an_inf_on_one_rank_is_skipped_by_every_scaler(ranks, record, amp_device):
+    world = len(ranks)
+    scaled = [r["inf_rank"]["scaler"] for r in ranks]
+    plain = [r["inf_rank"]["plain"] for r in ranks]
+    for key in ("grad_nonfinite", "optimizer_steps", "scale"):
+        _per_rank(record, key, [s[key] for s in scaled])
+    record.param(world_size=world)
+    everywhere = all(s["grad_nonfinite"] > 0 for s in scaled)
+    all_skipped = all(s["optimizer_steps"] == 0 and s["params_unchanged"] for s in scaled)
+    same_scale = len({s["scale"] for s in scaled}) == 1
+    record.verdict(
+        "PIT3-CHECK-BEFORE-STEP",
+        # Redundant advice when every rank's scaler skips on its own and they stay in step.
+        "refuted" if everywhere and all_skipped and same_scale else "confirmed",
+        f"{world} gloo ranks, an inf injected into rank 1's gradient only: after the all-reduce "
+        f"{sum(s['grad_nonfinite'] > 0 for s in scaled)} of {world} ranks see non-finite "
+        f"gradients, scaler.step called optimizer.step() "
+        f"{sum(s['optimizer_steps'] for s in scaled)} times in all, scales "
+        f"{sorted({s['scale'] for s in scaled})} (from 65536); without a scaler "
+        f"{sum(not p['params_finite'] for p in plain)} of {world} ranks' parameters "
+        "became non-finite",
+    )
+    assert everywhere, f"PIT3-CHECK-BEFORE-STEP: predicted the inf on every rank, got {scaled}"
+    assert all_skipped and same_scale and scaled[0]["scale"] == 32768.0, (
+        f"PIT3-CHECK-BEFORE-STEP: predicted every rank to skip and back off to 32768, got {scaled}"
+    )
+    # Negative control: without the scaler the inf reaches every rank's parameters.
+    assert not any(p["params_finite"] for p in plain), f"plain SGD kept finite params: {plain}"
+
+
+def _fp16_hook_prediction(world: int) -> list[float]:
+    """The hook casts to fp16 (exact for these values), divides by the world size in fp16,
+    sums and divides nothing more: every rank holds round_fp16(v / world) * world / world."""
+    out = []
+    for k in CANDIDATES:
+        share = torch.tensor(k * FP16_SUBNORMAL, dtype=torch.float16) / world
+        out.append(float(share.float() * world))
+    return out
+
+
+@pytest.mark.claim("PIT3-ZERO-ALL")
+def test_only_the_fp16_hook_flushes_small_gradients(ranks, record):
+    world = len(ranks)
+    threshold = 2.0**-25 * world
+    values = [k * FP16_SUBNORMAL for k in CANDIDATES]
+    runs = {name: ranks[0]["fp16_hook"][name] for name in ("default", "fp16", "fp16_scaled")}
+    same_on_all = all(r["fp16_hook"] == ranks[0]["fp16_hook"] for r in ranks)
+    flushed = [v for v, got in zip(values, runs["fp16"], strict=True) if got == 0.0]
+    largest_flushed = max(flushed, default=0.0)
+    record.metric(threshold=threshold, largest_flushed=largest_flushed, flushed=len(flushed))
+    record.history(candidate=values, **{f"synced_{n}": g for n, g in runs.items()})
+    record.param(world_size=world)
+    predicted = _fp16_hook_prediction(world)
+    matches = runs["fp16"] == predicted and largest_flushed == max(
+        (v for v in values if v <= threshold), default=0.0
+    )
+    record.verdict(
+        "PIT3-ZERO-ALL",
+        "partly" if flushed and matches and runs["fp16_scaled"] == values else "refuted",
+        f"{world} gloo ranks, gradients k * 2**-24 (k=1..8) on every rank: the default hook "
+        f"keeps all {len(values)}; fp16_compress_hook turns {len(flushed)} into 0 on every rank "
+        f"(largest {largest_flushed:.3g}, predicted <= 2**-25 x {world} = {threshold:.3g}); with "
+        f"the loss scaled by 65536 none is lost. Zeros on all ranks happen only with opt-in fp16 "
+        f"compression, and loss scaling prevents them",
+    )
+    assert same_on_all, "PIT3-ZERO-ALL: ranks disagree after the all-reduce"
+    assert runs["default"] == values, f"PIT3-ZERO-ALL: the default hook changed {runs['default']}"
+    assert runs["fp16"] == predicted and largest_flushed <= threshold < min(
+        v for v in values if v not in flushed
+    ), f"PIT3-ZERO-ALL: predicted {predicted} (flush at <= {threshold:.3g}), got {runs['fp16']}"
+    # The fix: scaled gradients pass the fp16 hook intact.
+    assert runs["fp16_scaled"] == values, f"PIT3-ZERO-ALL: scaled run lost {runs['fp16_scaled']}"
+
+
+def fsdp_inf_rank(ctx: RankContext) -> dict:
+    """FSDP: each rank holds only its shard of the gradients, so ShardedGradScaler all-reduces
+    the found-inf flag; an inf in rank 1's shard alone must stop every rank's step."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    torch.manual_seed(0)
+    model = FullyShardedDataParallel(torch.nn.Linear(8, 8).to(ctx.device))
+    scaler = ShardedGradScaler(ctx.device.type)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps: list[int] = []
+    optimizer.register_step_pre_hook(lambda *_: steps.append(1))
+    with torch.autocast(device_type=ctx.device.type, dtype=torch.float16):
+        loss = model(torch.ones(2, 8, device=ctx.device)).float().sum()
+    scaler.scale(loss).backward()
+    if ctx.rank == 1:
+        for p in model.parameters():
+            p.grad.fill_(math.inf)  # this rank's shard only
+    scaler.step(optimizer)
+    scaler.update()
+    return {"optimizer_steps": len(steps), "scale": scaler.get_scale()}
+
+
+def nccl_experiments(ctx: RankContext) -> dict:
+    return {**rank_experiments(ctx), "fsdp": fsdp_inf_rank(ctx)}
+
+
+@pytest.mark.claim("PIT3-FP16-SYNC", "PIT3-ZERO-ALL", "PIT3-CHECK-BEFORE-STEP")
+@pytest.mark.requires("cuda", "grad_scaler", gpus=2)
+def test_nccl_and_fsdp_on_two_gpus(record):
+    ranks = run_ranks(nccl_experiments, 2, "cuda", timeout_s=180)
+    default = [r["comm_dtype"]["recorded"] for r in ranks]
+    synced = [r["zero_rank"]["synced"][0] for r in ranks]
+    fsdp = [r["fsdp"] for r in ranks]
+    expected = 1.0 + 1.5 * SIGNATURE_STEP
+    exact = all(d["signature"] == expected and d["bucket_dtypes"] == ["float32"] for d in default)
+    fsdp_skipped = all(f["optimizer_steps"] == 0 and f["scale"] == 32768.0 for f in fsdp)
+    _per_rank(record, "fsdp_optimizer_steps", [f["optimizer_steps"] for f in fsdp])
+    _per_rank(record, "fsdp_scale", [f["scale"] for f in fsdp])
+    record.verdict(
+        "PIT3-FP16-SYNC",
+        "refuted" if exact else "confirmed",
+        f"2 NCCL ranks: bucket dtypes {default[0]['bucket_dtypes']}, signature {expected!r} "
+        f"arrived as {[d['signature'] for d in default]}",
+    )
+    record.verdict(
+        "PIT3-ZERO-ALL",
+        "refuted" if synced == [0.5, 0.5] else "confirmed",
+        f"2 NCCL ranks, rank 0's gradients zero, rank 1's equal to 1: synced {synced} (mean 0.5)",
+    )
+    record.verdict(
+        "PIT3-CHECK-BEFORE-STEP",
+        "refuted" if fsdp_skipped else "confirmed",
+        f"FSDP on 2 GPUs, inf in rank 1's gradient shard only: optimizer.step() calls "
+        f"{[f['optimizer_steps'] for f in fsdp]}, scales {[f['scale'] for f in fsdp]} per rank",
+    )
+    assert exact, f"PIT3-FP16-SYNC: predicted fp32 buckets on NCCL, got {default}"
+    assert synced == [0.5, 0.5], f"PIT3-ZERO-ALL: predicted the mean 0.5 on NCCL, got {synced}"
+    assert fsdp_skipped, f"PIT3-CHECK-BEFORE-STEP: predicted every FSDP rank to skip: {fsdp}"
