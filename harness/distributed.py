@@ -12,7 +12,9 @@ PyTorch inside the ranks and show that the distributed scenarios then fail.
 
 The same targets run across nodes under torchrun:
 
-    torchrun --nproc-per-node 2 -m harness.distributed MODULE:FUNCTION --out DIR
+    torchrun --nnodes N --nproc-per-node G ... -m harness.distributed MODULE:FUNCTION --out DIR
+
+(`--standalone` on one machine.)
 """
 
 from __future__ import annotations

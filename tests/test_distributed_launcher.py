@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
+import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -70,3 +74,17 @@ def test_several_nccl_ranks_on_one_gpu_are_refused():
         pytest.skip(f"this machine has {torch.cuda.device_count()} GPUs: 4 NCCL ranks are fine")
     with pytest.raises(Exception, match=r"NCCL needs one GPU per rank: world size 4"):
         backend_for("cuda", 4)
+
+
+def test_the_same_target_runs_under_torchrun(tmp_path):
+    """The multi-node path: torchrun sets up the ranks, harness.distributed runs the target."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node=2", "-m", "harness.distributed",
+         "test_distributed_launcher:all_reduce_rank", "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = [pickle.loads((tmp_path / f"rank{r}.pickle").read_bytes()) for r in range(2)]
+    assert results == [{"result": {"rank": r, "sum": 1.0, "backend": "gloo"}} for r in range(2)]
