@@ -53,7 +53,7 @@ class DeviceInfo:
     name: str  # "cpu" or the GPU's name
     gpu_count: int
     compute_capability: tuple[int, int] | None
-    capabilities: dict[str, bool] = field(default_factory=dict)
+    capabilities: dict[str, bool] = field(default_factory=dict, hash=False)  # hashable: a key
 
     @property
     def torch_device(self) -> torch.device:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness import devices, fingerprint
 from harness.claims import catalogue, unknown_ids
@@ -51,6 +52,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--amp-experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
     group.addoption(
+        "--amp-cpu-threads",
+        type=int,
+        default=1,
+        help="torch threads for scenarios on the CPU (default 1: see README)",
+    )
+    group.addoption(
         "--no-mlflow",
         action="store_true",
         help="record to the journal only (replay later with `amp-harness sync`)",
@@ -72,6 +79,7 @@ class AmpSession:
     journal: Journal | None = None
     sink: MlflowSink | None = None
     entry: dict | None = None  # the journal's session entry, once tracking is open
+    saved_threads: int | None = None
 
     def is_scenario(self, path: Path) -> bool:
         return Path(path).resolve().is_relative_to(self.scenarios)
@@ -177,6 +185,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly:
         return  # nothing runs, nothing to record
     if any(state.is_scenario(item.path) for item in session.items):
+        if state.device.type == "cpu":
+            # The scenarios' models are small: a second thread barely helps them, a fixed count
+            # makes float reductions (and so the recorded numbers) the same on any machine, and
+            # on a shared CPU idle OpenMP threads slow every step several times over.
+            state.saved_threads = torch.get_num_threads()
+            torch.set_num_threads(session.config.getoption("amp_cpu_threads"))
         try:
             state.open_tracking()
         except HarnessError as exc:
@@ -300,6 +314,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = _state(session.config)
+    if state.saved_threads is not None:
+        torch.set_num_threads(state.saved_threads)
     if state.entry is None:
         return
     counts: dict[str, int] = {}

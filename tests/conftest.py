@@ -6,13 +6,15 @@ import shutil
 from pathlib import Path
 
 # Imported once here, before any nested session: pytester's in-process runs drop the modules they
-# imported, and a second import of MLflow's SQLAlchemy store breaks SQLAlchemy's caches.
+# imported, and importing these a second time breaks them:
+# - MLflow's SQLAlchemy store (SQLAlchemy's caches hold the first import's classes);
+# - torch._dynamo, imported by optimizer.step() ("Only a single TORCH_LIBRARY can be used to
+#   register the namespace _inductor_test");
+# - matplotlib ("'Figure' object has no attribute 'items'" in the next figure drawn).
+import matplotlib.figure  # noqa: F401
 import mlflow.store.tracking.rest_store  # noqa: F401
 import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 import pytest
-
-# Likewise torch._dynamo, which optimizer.step() imports on first use: a second import fails
-# ("Only a single TORCH_LIBRARY can be used to register the namespace _inductor_test").
 import torch._dynamo  # noqa: F401
 
 from harness import devices

@@ -1,0 +1,46 @@
+"""scenarios/test_norm_layers.py can fail: break the fp16 BatchNorm statistics overflow, or make
+CPU autocast run layer_norm in fp32, and the scenario fails with an assertion naming the claim."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from conftest import assert_fails_naming
+
+MODULE = "test_norm_layers.py"
+
+
+def test_module_passes_unpatched(run_scenario):
+    run_scenario(MODULE).assert_outcomes(passed=2)
+
+
+def test_saturating_batchnorm_statistics_fail(run_scenario, monkeypatch):
+    # _BatchNorm.forward calls F.batch_norm, which updates running_var in place: clamp the
+    # update of fp16 statistics at fp16's largest value, so that it saturates instead of
+    # becoming inf. Through .data, as the kernel's own update: autograd saved running_var for
+    # the backward of training-mode batch_norm and refuses a tensor modified since.
+    batch_norm = F.batch_norm
+
+    def saturating(input, running_mean, running_var, *args, **kwargs):
+        out = batch_norm(input, running_mean, running_var, *args, **kwargs)
+        if running_var is not None and running_var.dtype == torch.float16:
+            running_var.data.clamp_(max=torch.finfo(torch.float16).max)
+        return out
+
+    monkeypatch.setattr(F, "batch_norm", saturating)
+    result = run_scenario(MODULE, "-k", "test_half_batchnorm_overflows")
+    assert_fails_naming(result, "PIT2-NORM-HALF")
+
+
+def test_layer_norm_promoted_on_cpu_fails(run_scenario, monkeypatch):
+    # Simulates CPU autocast putting layer_norm on its fp32 list, as CUDA does: fp32 compute
+    # and an fp32 output, so its error drops from fp16 to fp32 level.
+    layer_norm = F.layer_norm
+
+    def promoted(x, *args, **kwargs):
+        x = x.float() if torch.is_autocast_enabled(x.device.type) else x
+        return layer_norm(x, *args, **kwargs)
+
+    monkeypatch.setattr(F, "layer_norm", promoted)
+    result = run_scenario(MODULE, "-k", "test_norm_accuracy_under_autocast")
+    assert_fails_naming(result, "AMP-NORM-FP32")
