@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 from matplotlib.figure import Figure
 
 # The article's early-warning signals (PRACTICE-SMOKE), in the order a person reads them.
 PANELS = (
-    ("loss", "loss", "linear"),
+    ("loss", "loss", "log"),  # log: an exploding run's loss would flatten the healthy one
     ("scale", "loss scale", "log"),
     ("skipped", "skipped steps (cumulative)", "linear"),
     ("grad_norm", "grad norm after unscaling", "log"),
@@ -22,8 +24,12 @@ def training_curves(runs: dict[str, dict[str, list]], title: str, panels=PANELS)
             values = history.get(key, [])
             if key == "skipped":
                 values = [sum(values[: i + 1]) for i in range(len(values))]
-            ax.plot(range(len(values)), values, label=name, linewidth=1.2)
+            broken = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+            # A line stops at the first inf/NaN: say where, rather than let it vanish.
+            legend = name if broken is None else f"{name} (non-finite from step {broken})"
+            ax.plot(range(len(values)), values, label=legend, linewidth=1.2)
         ax.set(title=label, xlabel="step", yscale=yscale)
-    axes[0].legend(fontsize="small")
+    for ax in axes:
+        ax.legend(fontsize="x-small")
     fig.suptitle(title)
     return fig
