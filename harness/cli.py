@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness import baseline
 from harness.claims import catalogue
 from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
@@ -120,6 +121,23 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _baseline(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    summary = baseline.summarize(Journal(Path(args.reports) / JOURNAL_NAME), args.session)
+    path = baseline.save(summary, Path(args.out))
+    table = Table(title=f"{summary['name']}: {len(summary['verdicts'])} verdicts")
+    for name in ("claim", "verdict", "evidence"):
+        table.add_column(name, overflow="fold")
+    for v in summary["verdicts"]:
+        evidence = v["evidence"] if len(v["evidence"]) <= 90 else v["evidence"][:87] + "..."
+        table.add_row(v["claim"], v["verdict"], evidence)
+    Console().print(table)
+    print(f"baseline written: {path}" + ("" if summary["complete"] else " (session incomplete)"))
+    return 0
+
+
 def _sync(args: argparse.Namespace) -> int:
     uri = resolve_uri(args.tracking_uri, Path(args.reports))
     counts = MlflowSink(uri, args.experiment, Path(args.reports)).sync(
@@ -173,6 +191,10 @@ def parser() -> argparse.ArgumentParser:
         help="default: $MLFLOW_TRACKING_URI or sqlite:///REPORTS/mlflow.db",
     )
     sync.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment")
+    base = command("baseline", "save a session's verdicts and key metrics as a baseline file")
+    base.add_argument("action", choices=["save"])
+    base.add_argument("--session", default=None, help="session id (default: the last one)")
+    base.add_argument("--out", default="reports/baselines", help="folder for the baseline file")
     ui = command("ui", "start the MLflow UI on the embedded store")
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     ui.add_argument("--port", type=int, default=5000)
@@ -183,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
     if rest and args.command != "run":
         parser().error(f"unrecognized arguments: {' '.join(rest)}")
-    handlers = {"list": _list, "sync": _sync, "ui": _ui}
+    handlers = {"list": _list, "sync": _sync, "ui": _ui, "baseline": _baseline}
     try:
         return _run(args, rest) if args.command == "run" else handlers[args.command](args)
     except HarnessError as exc:

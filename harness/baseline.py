@@ -1,0 +1,80 @@
+"""Baselines: one session's verdicts and key metrics, as a small JSON file worth committing.
+
+A baseline is read from the journal (it works offline, on a GPU runner without a tracking
+server) and named after the environment it describes, e.g.
+`reports/baselines/NVIDIA-H200_torch-2.11.0_cuda-13.0.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.journal import Journal
+from harness.record import Record
+
+FORMAT = 1
+
+
+def summarize(journal: Journal, session_id: str | None = None) -> dict:
+    """The verdicts and scalar metrics of one session (the last one by default)."""
+    sessions: dict[str, dict] = {}
+    records: dict[str, list[Record]] = {}
+    ended: dict[str, dict] = {}
+    for entry in journal.entries():
+        sid = entry.get("session_id")
+        if entry["type"] == "session":
+            sessions[sid] = entry
+        elif entry["type"] == "record":
+            records.setdefault(sid, []).append(Record.from_dict(entry["record"]))
+        elif entry["type"] == "session_end":
+            ended[sid] = entry
+    if not sessions:
+        raise HarnessError(f"{journal.path}: no session recorded yet: run `amp-harness run` first")
+    if session_id is None:
+        session_id = list(sessions)[-1]
+    elif session_id not in sessions:
+        raise HarnessError(
+            f"{journal.path}: no session {session_id!r}; recorded: {', '.join(sessions)}"
+        )
+    session = sessions[session_id]
+    return {
+        "format": FORMAT,
+        "session_id": session_id,
+        "name": session["name"],
+        "started": session["started"],
+        "complete": session_id in ended,
+        "fingerprint": session["fingerprint"],
+        "verdicts": [
+            {"claim": v.claim, "verdict": v.verdict, "evidence": v.evidence, "test": r.test}
+            for r in records.get(session_id, [])
+            for v in r.verdicts.values()
+        ],
+        "tests": {
+            r.test: {"outcome": r.outcome, "metrics": r.to_dict()["metrics"]}  # inf/NaN as text
+            for r in records.get(session_id, [])
+        },
+    }
+
+
+def filename(fingerprint: dict[str, str]) -> str:
+    """GPU (or CPU), torch and CUDA versions: what a baseline's numbers depend on most."""
+    if fingerprint["device"] == "cuda":
+        parts = [
+            fingerprint["gpu_name"],
+            f"torch-{fingerprint['torch']}",
+            f"cuda-{fingerprint['cuda']}",
+        ]
+    else:
+        parts = [f"cpu-{fingerprint['cpu']}", f"torch-{fingerprint['torch']}"]
+    return "_".join(re.sub(r"[^A-Za-z0-9.+-]+", "-", p).strip("-") for p in parts) + ".json"
+
+
+def save(summary: dict, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / filename(summary["fingerprint"])
+    text = json.dumps(summary, ensure_ascii=False, indent=1, allow_nan=False)
+    path.write_text(text + "\n", encoding="utf-8")
+    return path
