@@ -27,7 +27,7 @@ def test_help_lists_every_command():
         assert command in text
 
 
-def test_list_json_after_a_run_has_tests_and_last_verdicts(tmp_path):
+def test_list_json_and_baseline_after_a_run(tmp_path):
     shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
     shutil.copy(REPO / "tox.ini", tmp_path)
     ran = amp("run", "--no-mlflow", "--amp-device=cpu", "-k", "bytes", "-p", "no:cacheprovider",
@@ -42,7 +42,21 @@ def test_list_json_after_a_run_has_tests_and_last_verdicts(tmp_path):
     assert any("test_formats.py::" in t for t in rows["FMT-BYTES"]["tests"])
     assert rows["FMT-BYTES"]["last_verdict"] == "confirmed"
     assert rows["FMT-BITS"]["last_verdict"] is None  # not run by `-k bytes`
-    assert rows["HDL-MEMORY"]["tests"] == []  # no scenario yet
+    assert [c for c, row in rows.items() if not row["tests"]] == []  # every claim has a scenario
+
+    saved = amp("baseline", "save", "--out", str(tmp_path / "baselines"), cwd=tmp_path)
+    assert saved.returncode == 0, saved.stderr
+    (path,) = (tmp_path / "baselines").glob("cpu-*_torch-*.json")
+    summary = json.loads(path.read_text())
+    assert summary["complete"] and summary["fingerprint"]["device"] == "cpu"
+    assert [v["claim"] for v in summary["verdicts"]] == ["FMT-BYTES"]
+    (test,) = summary["tests"].values()
+    assert test["outcome"] == "passed" and test["metrics"]
+
+
+def test_baseline_without_a_session_says_what_to_do(tmp_path, capsys):
+    assert cli.main(["baseline", "save", "--reports", str(tmp_path)]) == 2
+    assert "no session recorded yet: run `amp-harness run` first" in capsys.readouterr().err
 
 
 def test_run_outside_a_checkout_says_where_to_run(tmp_path, capsys):
