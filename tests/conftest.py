@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
+import sys
 from pathlib import Path
 
 # Imported once here, before any nested session: pytester's in-process runs drop the modules they
@@ -56,6 +58,17 @@ def run_scenario(pytester: pytest.Pytester):
         )
 
     return run
+
+
+def load_scenario(module: str):
+    """A scenario module imported by path, for testing its pure decision functions on the CPU."""
+    spec = importlib.util.spec_from_file_location(
+        f"scenario_{Path(module).stem}", REPO / "scenarios" / module
+    )
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded  # dataclasses look their module up there
+    spec.loader.exec_module(loaded)
+    return loaded
 
 
 def assert_fails_naming(result: pytest.RunResult, claim: str, failed: int = 1) -> None:

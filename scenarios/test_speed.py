@@ -1,0 +1,604 @@
+"""How much faster is half precision on this GPU? FMT-SPEED, PIT4-SMALL-NO-GAIN, PIT4-ONLY-ABOVE-1B.
+
+CUDA only. Every comparison is interleaved in one process (harness.measure.compare) and decided
+only by its interval; "fp32" is the fp32 recipe, TF32 off (recorded), "tf32" the one with it on.
+- FMT-SPEED: matmul throughput (8192 x 8192 x 8192, random inputs) in fp32, tf32, fp16, bf16 and,
+  where the GPU and torch have it, fp8 (torch._scaled_mm): achieved TFLOP/s, the fraction of
+  the datasheet peak (harness.gpus), and the two ratios the article's "2-8x" can mean, fp16 over
+  strict fp32 (~15x at peak on A100/H100/H200) and over TF32 (2x at peak). Negative control: an
+  elementwise add is bound by memory, so fp16 speeds it up by moving half the bytes: <= 2x.
+- PIT4-SMALL-NO-GAIN, PIT4-ONLY-ABOVE-1B: one training step (forward, backward, AdamW) of the
+  GPT-style transformer at 1M, 10M, 100M and 1B parameters, the same tokens per step, in each
+  recipe; AMP's speed-up over fp32 and over tf32 against the size, and the smallest size from
+  which it is significantly above 1.1x (`crossover` below). Negative control: the fp32
+  recipe timed against itself, which must come out at 1x.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import pytest
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from torch import nn
+
+from harness import gpus, measure, models, recipes
+from harness.measure import Comparison, Ratio
+from harness.models import TOLERANCE
+
+# --- decisions from measured speed-ups: pure functions, tested on the CPU by tests/test_gpus.py
+
+
+def size_label(params: float) -> str:
+    """1_000_000 -> '1M', 1_010_000_000 -> '1.01B'."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if params >= scale:
+            return f"{params / scale:.3g}{unit}"
+    return f"{params:.3g}"
+
+
+def _at_least(size: float, bound: float) -> bool:
+    """`size` is at or above about `bound`: a model planned for it lands within TOLERANCE."""
+    return size >= bound * (1 - TOLERANCE)
+
+
+def crossover(
+    sizes: Sequence[float], ratios: Sequence[Ratio], threshold: float = 1.1
+) -> float | None:
+    """The smallest size from which on (it and every larger size) the speed-up is significantly
+    above `threshold` (interval low > threshold); None when the largest size is not."""
+    if len(sizes) != len(ratios):
+        raise ValueError(f"{len(sizes)} sizes but {len(ratios)} ratios")
+    found = None
+    for size, ratio in sorted(zip(sizes, ratios, strict=True), key=lambda pair: -pair[0]):
+        if ratio.decide(threshold) != "above":
+            break
+        found = size
+    return found
+
+
+def _band(ratio: Ratio, low: float, high: float) -> str:
+    if low <= ratio.low and ratio.high <= high:
+        return "inside"
+    if ratio.high < low:
+        return "below"
+    if ratio.low > high:
+        return "above"
+    return "straddles"
+
+
+def verdict_fmt_speed(
+    vs_fp32: Ratio, vs_tf32: Ratio, band: tuple[float, float] = (2.0, 8.0)
+) -> tuple[str, str]:
+    """FMT-SPEED, "fp16 is 2-8x faster than fp32": (verdict, reason) from the fp16 matmul's
+    speed-up over strict fp32 (the article's baseline) and over TF32 (PyTorch's other fp32).
+
+    confirmed: the interval over fp32 lies inside the band; inconclusive: an interval straddles
+    a bound; partly: only the interval over TF32 lies inside; refuted: both lie outside."""
+    low, high = band
+    where = {"fp32": _band(vs_fp32, low, high), "tf32": _band(vs_tf32, low, high)}
+    said = {
+        base: f"fp16 over {base} {r.describe()} is {where[base]} the {low:g}-{high:g}x band"
+        for base, r in (("fp32", vs_fp32), ("tf32", vs_tf32))
+    }
+    reason = f"{said['fp32']}; {said['tf32']}"
+    if where["fp32"] == "inside":
+        return "confirmed", reason
+    if where["fp32"] == "straddles" or where["tf32"] == "straddles":
+        return "inconclusive", reason + ": an interval straddles a bound of the band"
+    if where["tf32"] == "inside":
+        return "partly", reason + ": the article's range holds against TF32 only"
+    return "refuted", reason + ": outside the band against both baselines"
+
+
+def _states(sizes: Sequence[float], ratios: Sequence[Ratio], threshold: float) -> dict:
+    """size -> 'above' | 'below' | 'undecided' against `threshold`, in increasing size."""
+    pairs = sorted(zip(sizes, ratios, strict=True), key=lambda pair: pair[0])
+    return {size: ratio.decide(threshold) for size, ratio in pairs}
+
+
+def _named(sizes) -> str:
+    return ", ".join(size_label(s) for s in sizes) or "none"
+
+
+def verdict_small_no_gain(
+    sizes: Sequence[float],
+    ratios: Sequence[Ratio],
+    threshold: float = 1.1,
+    small_below: float = 100e6,
+) -> tuple[str, str]:
+    """PIT4-SMALL-NO-GAIN, "under 100M parameters AMP brings no clear gain": (verdict, reason)
+    from AMP's speed-up at each size; a clear gain is an interval wholly above `threshold`.
+
+    Over the sizes under `small_below`: inconclusive if any interval straddles the threshold;
+    confirmed if none is above it, refuted if all are, partly otherwise."""
+    states = _states(sizes, ratios, threshold)
+    small = {s: state for s, state in states.items() if not _at_least(s, small_below)}
+    if not small:
+        return "inconclusive", f"no size under {size_label(small_below)} was measured"
+    above, below, undecided = (
+        [s for s, state in small.items() if state == k] for k in ("above", "below", "undecided")
+    )
+    reason = (
+        f"under {size_label(small_below)}: significantly above {threshold:g}x at "
+        f"{_named(above)}; below at {_named(below)}; undecided at {_named(undecided)}"
+    )
+    if undecided:
+        return "inconclusive", reason
+    if not above:
+        return "confirmed", reason
+    if not below:
+        return "refuted", reason
+    return "partly", reason
+
+
+def verdict_only_above_1b(
+    sizes: Sequence[float],
+    ratios: Sequence[Ratio],
+    threshold: float = 1.1,
+    large: float = 1e9,
+) -> tuple[str, str]:
+    """PIT4-ONLY-ABOVE-1B, "use AMP only above 1B parameters": (verdict, reason) from where
+    AMP's speed-up becomes significantly larger than `threshold` (`crossover`).
+
+    refuted: the crossover lies below about `large` (AMP pays earlier); confirmed: it lies at
+    about `large` and every smaller size is decided below the threshold, or no size gains and
+    the largest measured is about `large`; inconclusive otherwise (intervals that straddle the
+    threshold, or a gain that comes and goes with the size)."""
+    states = _states(sizes, ratios, threshold)
+    at = crossover(sizes, ratios, threshold)
+    smaller = {s: state for s, state in states.items() if not _at_least(s, large)}
+    if at is not None:
+        reason = f"the speed-up is significantly above {threshold:g}x from {size_label(at)} on"
+        if not _at_least(at, large):
+            return "refuted", reason + f": AMP pays below {size_label(large)}"
+        if all(state == "below" for state in smaller.values()):
+            return "confirmed", reason + f", and at no smaller size ({_named(smaller)})"
+        unsure = [s for s, state in smaller.items() if state != "below"]
+        return "inconclusive", reason + f", but smaller sizes are not all below ({_named(unsure)})"
+    largest = max(states) if states else 0.0
+    if states and all(state == "below" for state in states.values()) and _at_least(largest, large):
+        return "confirmed", (
+            f"no size up to {size_label(largest)} is significantly above {threshold:g}x: AMP "
+            f"does not pay below about {size_label(large)} here"
+        )
+    return "inconclusive", (
+        "no crossover: "
+        + "; ".join(f"{size_label(s)} {state}" for s, state in states.items())
+        + f" against {threshold:g}x"
+    )
+
+
+# --- FMT-SPEED --------------------------------------------------------------------------------
+
+MATMUL_N = 8192  # 2 x 8192^3 = 1.1e12 flop a product: ~1 ms in fp16 on an H200, past launch cost
+MATMUL_ROUNDS, MATMUL_WARMUP = 20, 3
+ADD_NUMEL = 2**27  # 512 MiB per fp32 tensor: far past the L2 cache, bound by memory bandwidth
+ADD_ROUNDS, ADD_WARMUP = 30, 3
+SPEED_BAND = (2.0, 8.0)  # the article's "2-8x"
+# Half the bytes buys at most 2x on a memory-bound op; 2.5 leaves room for its interval. A
+# compute-bound matmul that gains more than this gains from the tensor cores' math.
+MEMORY_BOUND_MAX = 2.5
+PEAK_FRACTION_MIN = 0.3  # a sane measurement of a cuBLAS fp16 GEMM reaches this of the datasheet
+
+
+def _random(shape: tuple[int, ...], device: torch.device, seed: int) -> torch.Tensor:
+    """Normal random float32 values: zeros would run faster on this hardware than real data."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(shape, generator=generator, device=device)
+
+
+def _lowered(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The cast every low-precision arm's inputs go through."""
+    if fmt == "fp16":
+        return x.half()
+    if fmt == "bf16":
+        return x.bfloat16()
+    if fmt == "fp8":
+        return x.to(torch.float8_e4m3fn)
+    return x
+
+
+def _fp8_matmul(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """a @ b in float8_e4m3fn with unit scales and bfloat16 output (cuBLASLt's fp8 GEMM)."""
+    a8, b8 = _lowered(a, "fp8"), _lowered(b, "fp8").t()  # the second operand column-major
+    one = torch.ones((), device=a.device)
+    return partial(torch._scaled_mm, a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+
+def _fp8_unsupported(amp_device) -> str | None:
+    """Why this device cannot time an fp8 matmul, or None: probed on a tiny input."""
+    cc = amp_device.compute_capability
+    if cc is None or cc < (8, 9):
+        return f"fp8 matmul needs compute capability 8.9 or newer, {amp_device.describe()} has not"
+    if not hasattr(torch, "_scaled_mm"):
+        return f"torch {torch.__version__} has no torch._scaled_mm"
+    try:
+        probe = _random((32, 32), amp_device.torch_device, 0)
+        _fp8_matmul(probe, probe)()
+    except Exception as exc:  # any failure (or warning, under -W error) means: no fp8 arm
+        return f"torch._scaled_mm failed on a 32x32 float8_e4m3fn probe: {exc!s:.200}"
+    return None
+
+
+def _within(precision: recipes.Precision, fn: Callable[[], object]) -> Callable[[], None]:
+    """`fn` run with the recipe's TF32 flags, set and restored around every call."""
+
+    def run() -> None:
+        with precision:
+            fn()
+
+    return run
+
+
+def _matmul_arms(amp_device, fp8: bool) -> dict[str, Callable[[], None]]:
+    device = amp_device.torch_device
+    a, b = _random((MATMUL_N, MATMUL_N), device, 0), _random((MATMUL_N, MATMUL_N), device, 1)
+    # Every arm but tf32 runs with TF32 off: a half-precision arm whose cast had done nothing
+    # would run in strict fp32, not borrow TF32's tensor cores.
+    strict = recipes.get("fp32").bind(amp_device)
+    arms = {
+        "fp32": _within(strict, partial(torch.mm, a, b)),
+        "tf32": _within(recipes.get("tf32").bind(amp_device), partial(torch.mm, a, b)),
+    }
+    for fmt in ("fp16", "bf16"):
+        arms[fmt] = _within(strict, partial(torch.mm, _lowered(a, fmt), _lowered(b, fmt)))
+    if fp8:
+        arms["fp8"] = _within(strict, _fp8_matmul(a, b))
+    return arms
+
+
+def _add_arms(amp_device) -> tuple[dict[str, Callable[[], object]], dict[str, int]]:
+    """x + y into a preallocated output, in fp32 and fp16; and the bytes each call moves."""
+    device = amp_device.torch_device
+    arms, moved = {}, {}
+    for fmt in ("fp32", "fp16"):
+        x, y = (_lowered(_random((ADD_NUMEL,), device, seed), fmt) for seed in (2, 3))
+        arms[fmt] = partial(torch.add, x, y, out=torch.empty_like(x))
+        moved[fmt] = 3 * x.numel() * x.element_size()  # two tensors read, one written
+    return arms, moved
+
+
+def _synced(fn: Callable[[], object]) -> Callable[[], None]:
+    """For pytest-benchmark's wall clock: wait for the GPU, or it times the launch only."""
+
+    def run() -> None:
+        fn()
+        torch.cuda.synchronize()
+
+    return run
+
+
+def _ratio_metrics(name: str, ratio: Ratio) -> dict[str, float]:
+    return {name: ratio.value, f"{name}.low": ratio.low, f"{name}.high": ratio.high}
+
+
+def _of_peak(achieved: float, peak: float | None, unit: str) -> str:
+    return f" ({achieved / peak:.0%} of {peak:g} {unit})" if peak else ""
+
+
+@pytest.mark.claim("FMT-SPEED")
+@pytest.mark.requires("cuda", "tf32")
+def test_half_precision_matmul_speed(record, amp_device, benchmark):
+    gpu = gpus.spec(amp_device.name)
+    fp8_reason = _fp8_unsupported(amp_device)
+    arms = _matmul_arms(amp_device, fp8=fp8_reason is None)
+    matmul = measure.compare(arms, amp_device.type, MATMUL_ROUNDS, MATMUL_WARMUP)
+    # Negative control: an op bound by memory, not math, gains only what half the bytes buys.
+    add_arms, moved = _add_arms(amp_device)
+    add = measure.compare(add_arms, amp_device.type, ADD_ROUNDS, ADD_WARMUP)
+
+    tflops = {fmt: 2 * MATMUL_N**3 / matmul.median(fmt) / 1e12 for fmt in arms}
+    tbs = {fmt: moved[fmt] / add.median(fmt) / 1e12 for fmt in add_arms}
+    speedups = {f"{fmt}_over_fp32": matmul.ratio("fp32", fmt) for fmt in arms if fmt != "fp32"}
+    speedups["fp16_over_tf32"] = matmul.ratio("tf32", "fp16")
+    add_speedup = add.ratio("fp32", "fp16")
+    vs_fp32, vs_tf32 = speedups["fp16_over_fp32"], speedups["fp16_over_tf32"]
+    with recipes.get("fp32").bind(amp_device):
+        strict_flags = recipes.tf32_flags()
+    record.param(
+        gpu=amp_device.name,
+        datasheet=f"{gpu.name}: {gpu.source}" if gpu else "not in harness/gpus.json",
+        matmul_shape=f"{MATMUL_N}x{MATMUL_N}x{MATMUL_N}",
+        matmul_rounds=MATMUL_ROUNDS,
+        add_numel=ADD_NUMEL,
+        add_rounds=ADD_ROUNDS,
+        fp8=fp8_reason or "torch._scaled_mm, float8_e4m3fn inputs, bfloat16 output",
+        **{f"fp32_arm.{flag}": on for flag, on in strict_flags.items()},
+    )
+    record.metric(
+        **{f"matmul.{fmt}.tflops": value for fmt, value in tflops.items()},
+        **{
+            f"matmul.{fmt}.fraction_of_peak": value / gpu.peak(fmt)
+            for fmt, value in tflops.items()
+            if gpu and gpu.peak(fmt)
+        },
+        **{f"add.{fmt}.tbs": value for fmt, value in tbs.items()},
+        **{
+            f"add.{fmt}.fraction_of_bandwidth": value / gpu.bandwidth_tbs
+            for fmt, value in tbs.items()
+            if gpu
+        },
+        **{
+            metric: value
+            for name, ratio in speedups.items()
+            for metric, value in _ratio_metrics(f"matmul.{name}", ratio).items()
+        },
+        **_ratio_metrics("add.fp16_over_fp32", add_speedup),
+    )
+
+    verdict, reason = verdict_fmt_speed(vs_fp32, vs_tf32, SPEED_BAND)
+    peaks = ", ".join(
+        f"{fmt} {value:.3g}{_of_peak(value, gpu and gpu.peak(fmt), 'peak')}"
+        for fmt, value in tflops.items()
+    )
+    record.verdict(
+        "FMT-SPEED",
+        verdict,
+        f"{MATMUL_N}^3 matmul on {amp_device.name}, TFLOP/s: {peaks}"
+        f"{'' if gpu else ' (no datasheet entry)'}{f'; {fp8_reason}' if fp8_reason else ''}; "
+        f"{reason}; bf16 over fp32 {speedups['bf16_over_fp32'].describe()}. Negative control, "
+        f"add of 2^{ADD_NUMEL.bit_length() - 1} elements: fp16 over fp32 "
+        f"{add_speedup.describe()}, fp32 at {tbs['fp32']:.2f} TB/s"
+        f"{_of_peak(tbs['fp32'], gpu and gpu.bandwidth_tbs, 'TB/s')}",
+    )
+    measure.benchmark_extra_info(
+        benchmark, fp16_over_fp32=vs_fp32, fp16_over_tf32=vs_tf32, add_fp16_over_fp32=add_speedup
+    )
+    benchmark.pedantic(_synced(arms["fp16"]), rounds=10, warmup_rounds=2)
+
+    assert vs_fp32.decide(1.0) == "above", (
+        f"FMT-SPEED: predicted the fp16 matmul faster than fp32 (TF32 off), got "
+        f"{vs_fp32.describe()}"
+    )
+    if gpu and gpu.fp16:
+        assert tflops["fp16"] >= PEAK_FRACTION_MIN * gpu.fp16, (
+            f"FMT-SPEED: predicted at least {PEAK_FRACTION_MIN:.0%} of the {gpu.name} datasheet "
+            f"fp16 peak ({gpu.fp16:g} TFLOP/s), measured {tflops['fp16']:.0f}"
+        )
+    assert add_speedup.decide(MEMORY_BOUND_MAX) == "below", (
+        f"FMT-SPEED: negative control: predicted the memory-bound add to gain less than "
+        f"{MEMORY_BOUND_MAX}x from fp16 (half the bytes), got {add_speedup.describe()}"
+    )
+    assert vs_fp32.decide(MEMORY_BOUND_MAX) == "above", (
+        f"FMT-SPEED: predicted the compute-bound matmul to gain more than {MEMORY_BOUND_MAX}x "
+        f"from fp16, more than half the bytes explains, got {vs_fp32.describe()} (the add: "
+        f"{add_speedup.describe()})"
+    )
+
+
+# --- PIT4: AMP's speed-up against model size ---------------------------------------------------
+
+THRESHOLD = 1.1  # a clear gain: the speed-up's interval lies wholly above it
+# The GPT-style transformer, 4 layers: 1M to 1B parameters by the width alone (52 to 4416;
+# at 100M and 1B the width is a multiple of 64 and heads are 64 wide). 16 x 256 = 4096 tokens a
+# step: a 1B step takes ~0.5 s in strict fp32 on an H200 and well under 0.1 s in AMP.
+VOCAB, SEQ_LEN, LAYERS, BATCH = 8192, 256, 4, 16
+LR = 1e-4
+
+
+@dataclass(frozen=True)
+class Size:
+    label: str
+    params: int  # the target; the model is within harness.models.TOLERANCE of it
+    rounds: int  # interleaved rounds: many where a step is short and noisy, few where long
+    warmup: int
+
+
+SIZES = (
+    Size("1M", 10**6, 30, 3),
+    Size("10M", 10**7, 30, 3),
+    Size("100M", 10**8, 15, 2),
+    Size("1B", 10**9, 5, 2),
+)
+# Arm -> recipe. "fp32-again" is the negative control: the fp32 recipe a second time.
+ARMS = {
+    "fp32": "fp32",
+    "fp32-again": "fp32",
+    "tf32": "tf32",
+    "amp-fp16": "amp-fp16",
+    "amp-bf16": "amp-bf16",
+}
+SERIES = (  # (arm, baseline): the arm's speed-up over the baseline
+    ("amp-fp16", "fp32"),
+    ("amp-bf16", "fp32"),
+    ("amp-fp16", "tf32"),
+    ("amp-bf16", "tf32"),
+    ("tf32", "fp32"),
+    ("fp32-again", "fp32"),
+)
+DECIDING = "amp-fp16_over_fp32"  # the article's AMP (fp16 + GradScaler) against its FP32
+CONTROL = "fp32-again_over_fp32"
+# The control's ratio must contain 1, or at least lie within 3% of it: identical arms can
+# differ by a hair that a tight interval resolves, never by the 10% a gain is decided at.
+CONTROL_BAND = (0.97, 1.03)
+
+
+def _plan(size: Size) -> models.Plan:
+    return models.plan("transformer", size.params, vocab=VOCAB, seq_len=SEQ_LEN, layers=LAYERS)
+
+
+def _train_step(
+    precision: recipes.Precision,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+) -> None:
+    """One full training step through the recipe's four verbs, as harness.train runs them."""
+    with precision:
+        with precision.forward():
+            logits = model(tokens)
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        precision.backward(loss)
+        precision.step(optimizer)
+    # Free the gradients now rather than at the next step: five 1B arms would hold 20 GB.
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _training_arms(size: Size, amp_device) -> dict[str, Callable[[], None]]:
+    """One closure per arm, each with its own copy of the same model and its own AdamW."""
+    device = amp_device.torch_device
+    with device:  # initialise on the GPU: 1B parameters drawn on the CPU would take seconds
+        base = models.build("transformer", size.params, vocab=VOCAB, seq_len=SEQ_LEN, layers=LAYERS)
+    generator = torch.Generator(device=device).manual_seed(0)
+    tokens, targets = (
+        torch.randint(VOCAB, (BATCH, SEQ_LEN), device=device, generator=generator) for _ in range(2)
+    )
+    arms = {}
+    for arm, recipe in ARMS.items():
+        precision = recipes.get(recipe).bind(amp_device)
+        model = precision.prepare(copy.deepcopy(base))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        arms[arm] = partial(_train_step, precision, model, optimizer, tokens, targets)
+    return arms
+
+
+def _speedup_figure(counts: list[int], series: dict[str, list[Ratio]]) -> Figure:
+    """Speed-up against parameters (log-log), one line per arm and baseline, 95% intervals."""
+    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
+    ax = fig.subplots()
+    for name, ratios in series.items():
+        values = [r.value for r in ratios]
+        below = [max(0.0, r.value - r.low) for r in ratios]
+        above = [max(0.0, r.high - r.value) for r in ratios]
+        ax.errorbar(
+            counts,
+            values,
+            yerr=[below, above],
+            label=name.replace("_over_", " over "),
+            marker="o",
+            capsize=3,
+            linestyle="--" if name == CONTROL else "-",
+        )
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.axhline(THRESHOLD, color="grey", linewidth=0.8, linestyle=":", label=f"{THRESHOLD}x")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="parameters",
+        ylabel="speed-up of one training step",
+        title=f"AMP speed-up against model size ({BATCH}x{SEQ_LEN} tokens a step, AdamW)",
+    )
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 0.5x 1x 2x 5x 10x ...
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}x"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.legend(fontsize="x-small")
+    return fig
+
+
+def _model_tflops(params: int, tokens: int, comparison: Comparison, arm: str) -> float:
+    """Model flop (6 x parameters x tokens: forward and backward, attention left out) per
+    second of the arm's median step."""
+    return 6 * params * tokens / comparison.median(arm) / 1e12
+
+
+def _line(sizes: tuple[Size, ...], ratios: list[Ratio]) -> str:
+    return ", ".join(f"{s.label} {r.value:.2f}x" for s, r in zip(sizes, ratios, strict=True))
+
+
+@pytest.mark.claim("PIT4-SMALL-NO-GAIN", "PIT4-ONLY-ABOVE-1B")
+@pytest.mark.requires("cuda", "tf32", "fp16_autocast", "grad_scaler", "bf16_autocast")
+def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
+    plans = {size.label: _plan(size) for size in SIZES}  # a target out of reach fails here
+    comparisons: dict[str, Comparison] = {}
+    for size in SIZES:
+        arms = _training_arms(size, amp_device)
+        comparisons[size.label] = measure.compare(arms, amp_device.type, size.rounds, size.warmup)
+        if size == SIZES[-1]:
+            benchmark.pedantic(_synced(arms["amp-bf16"]), rounds=3, warmup_rounds=1)
+        del arms  # five models with their AdamW states: ~60 GB at 1B
+        torch.cuda.empty_cache()
+
+    series = {
+        f"{arm}_over_{base}": [comparisons[s.label].ratio(base, arm) for s in SIZES]
+        for arm, base in SERIES
+    }
+    nominal = [size.params for size in SIZES]
+    counts = [plans[size.label].params for size in SIZES]
+    tokens = BATCH * SEQ_LEN
+    flags = {}
+    for recipe in sorted(set(ARMS.values())):
+        with recipes.get(recipe).bind(amp_device):
+            flags.update({f"{recipe}.{flag}": on for flag, on in recipes.tf32_flags().items()})
+    record.param(
+        model="transformer",
+        vocab=VOCAB,
+        seq_len=SEQ_LEN,
+        layers=LAYERS,
+        batch=BATCH,
+        tokens_per_step=tokens,
+        optimizer="adamw",
+        lr=LR,
+        **{f"size.{label}.params": plan.params for label, plan in plans.items()},
+        **{f"size.{label}.width": plan.width for label, plan in plans.items()},
+        **{f"size.{label}.heads": plan.options["heads"] for label, plan in plans.items()},
+        **{f"size.{s.label}.rounds": s.rounds for s in SIZES},
+        **{f"tf32.{name}": on for name, on in flags.items()},
+    )
+    record.metric(
+        **{
+            metric: value
+            for name, ratios in series.items()
+            for size, ratio in zip(SIZES, ratios, strict=True)
+            for metric, value in _ratio_metrics(f"{size.label}/{name}", ratio).items()
+        },
+        **{
+            f"{size.label}/{arm}.tflops": _model_tflops(count, tokens, comparisons[size.label], arm)
+            for size, count in zip(SIZES, counts, strict=True)
+            for arm in ARMS
+        },
+    )
+    record.figure("speedup_by_size", _speedup_figure(counts, series))
+
+    deciding = series[DECIDING]
+    small, small_reason = verdict_small_no_gain(nominal, deciding, THRESHOLD)
+    large, large_reason = verdict_only_above_1b(nominal, deciding, THRESHOLD)
+    crossovers = {
+        name.replace("_over_", " over "): crossover(nominal, ratios, THRESHOLD)
+        for name, ratios in series.items()
+        if name != CONTROL
+    }
+    measured = "; ".join(
+        f"{s.label} ({count:,} params) {r.describe()}"
+        for s, count, r in zip(SIZES, counts, deciding, strict=True)
+    )
+    record.verdict(
+        "PIT4-SMALL-NO-GAIN",
+        small,
+        f"amp-fp16 over fp32 (TF32 off), one AdamW step of {tokens} tokens: {measured}; "
+        f"{small_reason}. amp-bf16 over fp32: {_line(SIZES, series['amp-bf16_over_fp32'])}; "
+        f"amp-fp16 over tf32: {_line(SIZES, series['amp-fp16_over_tf32'])}",
+    )
+    record.verdict(
+        "PIT4-ONLY-ABOVE-1B",
+        large,
+        f"amp-fp16 over fp32: {large_reason}. Smallest size from which each speed-up is "
+        f"significantly above {THRESHOLD}x: "
+        + ", ".join(f"{name} {size_label(at) if at else 'none'}" for name, at in crossovers.items())
+        + f"; at {SIZES[-1].label}: amp-bf16 over fp32 "
+        f"{series['amp-bf16_over_fp32'][-1].describe()}, over tf32 "
+        f"{series['amp-bf16_over_tf32'][-1].describe()}",
+    )
+    measure.benchmark_extra_info(
+        benchmark,
+        **{f"{SIZES[-1].label}.{name}": ratios[-1] for name, ratios in series.items()},
+    )
+
+    top = series["amp-bf16_over_fp32"][-1]
+    assert top.decide(THRESHOLD) == "above", (
+        f"PIT4-ONLY-ABOVE-1B: predicted amp-bf16 more than {THRESHOLD}x faster than fp32 (TF32 "
+        f"off) at {SIZES[-1].label} parameters, got {top.describe()}"
+    )
+    for size, ratio in zip(SIZES, series[CONTROL], strict=True):
+        low, high = CONTROL_BAND
+        assert ratio.low <= 1.0 <= ratio.high or low < ratio.low <= ratio.high < high, (
+            f"PIT4-SMALL-NO-GAIN: negative control: predicted fp32 over fp32 at 1x (interval "
+            f"containing 1, or within {low}-{high}) at {size.label}, got {ratio.describe()}"
+        )
