@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import baseline
+from harness import baseline, compare, report
 from harness.claims import catalogue
 from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
@@ -35,7 +35,28 @@ def _run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     code = pytest.main([args.scenarios, f"--amp-reports={args.reports}", *pytest_args])
     journal = Path(args.reports) / JOURNAL_NAME
     print(NEXT_STEPS.format(port=5000, journal=journal))
+    _report_after_run(args.reports, pytest_args)
     return int(code)
+
+
+def _report_after_run(reports: str, pytest_args: list[str]) -> None:
+    """Write the report from the store the session logged to; its failure never changes the
+    session's exit code (every result is in the journal and, where it was up, in MLflow)."""
+    options = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    options.add_argument("--tracking-uri", default=None)
+    options.add_argument("--amp-experiment", default=DEFAULT_EXPERIMENT)
+    options.add_argument("--no-mlflow", action="store_true")
+    session, _ = options.parse_known_args(pytest_args)
+    if session.no_mlflow:
+        print("report: not written (--no-mlflow): `amp-harness sync`, then `amp-harness report`")
+        return
+    try:
+        uri = resolve_uri(session.tracking_uri, Path(reports))
+        path = report.build(uri, report.report_dir(Path(reports)), session.amp_experiment)
+    except Exception as exc:  # MLflow down, nothing logged, ...: say why, keep the exit code
+        print(f"report: not written ({exc}); retry with `amp-harness report`")
+        return
+    print(f"report: {path}")
 
 
 class _Collector:
@@ -138,6 +159,38 @@ def _baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    journal = Journal(Path(args.reports) / JOURNAL_NAME)
+    try:
+        a_label, a = compare.load(args.a, journal)
+        b_label, b = compare.load(args.b, journal)
+    except compare.MissingBaseline as exc:  # reported, not an error: there may be none yet
+        missing = {"missing_baseline": str(exc.path), "message": str(exc)}
+        print(json.dumps(missing) if args.json else f"amp-harness: {exc}")
+        return 0
+    result = compare.compare(a, b, args.threshold, labels=(a_label, b_label))
+    if args.json:
+        print(json.dumps(result.to_json(), ensure_ascii=False, indent=1, allow_nan=False))
+    else:
+        from rich.console import Console
+
+        compare.render(result, Console())
+    return 1 if args.fail_on_regression and result.regressions else 0
+
+
+def _fraction(text: str) -> float:
+    """--threshold: a positive fraction, `0.1`, or a percentage, `10%`."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a fraction (0.1) or a percentage (10%)"
+        ) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the threshold must be above 0")
+    return value
+
+
 def _sync(args: argparse.Namespace) -> int:
     uri = resolve_uri(args.tracking_uri, Path(args.reports))
     counts = MlflowSink(uri, args.experiment, Path(args.reports)).sync(
@@ -147,6 +200,13 @@ def _sync(args: argparse.Namespace) -> int:
         f"synced {Path(args.reports) / JOURNAL_NAME} to {uri}: {counts['sessions']} sessions, "
         f"{counts['records_sent']} results sent, {counts['records_present']} already there"
     )
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    uri = resolve_uri(args.tracking_uri, Path(args.reports))
+    path = report.build(uri, report.report_dir(Path(args.reports), args.name), args.experiment)
+    print(f"report written: {path} (summary.md and the figures beside it)")
     return 0
 
 
@@ -165,6 +225,31 @@ def _ui(args: argparse.Namespace) -> int:
         return subprocess.call(command, env=env)
     except KeyboardInterrupt:
         return 0
+
+
+def _new(args: argparse.Namespace) -> int:
+    from harness import contract  # it imports pytest: only the commands that need it pay
+
+    path = contract.new_scenario(args.name, Path(args.scenarios))
+    print(
+        f"wrote {path}: a working scenario (it checks FMT-BYTES as written). Make it yours with "
+        f"docs/writing-a-scenario.md, then `amp-harness validate` and `pytest {path}`"
+    )
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from harness import contract
+
+    problems = contract.check(Path(args.scenarios))
+    for problem in problems:
+        print(problem)
+    files = len(list(Path(args.scenarios).glob("test_*.py")))
+    if problems:
+        print(f"validate: {len(problems)} problem(s) in {files} scenario files", file=sys.stderr)
+        return 1
+    print(f"validate: the {files} scenario files in {args.scenarios} keep the contract")
+    return 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -191,13 +276,48 @@ def parser() -> argparse.ArgumentParser:
         help="default: $MLFLOW_TRACKING_URI or sqlite:///REPORTS/mlflow.db",
     )
     sync.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment")
+    rep = command("report", "write the verdict ledger and figures from MLflow as a web page")
+    rep.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="default: $MLFLOW_TRACKING_URI or sqlite:///REPORTS/mlflow.db",
+    )
+    rep.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment")
+    rep.add_argument(
+        "--name",
+        default=report.DEFAULT_NAME,
+        help=f"folder under REPORTS (default: {report.DEFAULT_NAME}, replaced by each build)",
+    )
     base = command("baseline", "save a session's verdicts and key metrics as a baseline file")
     base.add_argument("action", choices=["save"])
     base.add_argument("--session", default=None, help="session id (default: the last one)")
     base.add_argument("--out", default="reports/baselines", help="folder for the baseline file")
+    comp = command("compare", "compare two runs: changed verdicts, then metric changes")
+    comp.add_argument("a", metavar="A", help="a baseline JSON file, a session id, or `last`")
+    comp.add_argument("b", metavar="B", nargs="?", default="last", help="the same (default: last)")
+    comp.add_argument(
+        "--threshold",
+        type=_fraction,
+        default=compare.THRESHOLD,
+        help="relative change beyond which a significant metric change is flagged "
+        f"(default {compare.THRESHOLD * 100:.0f}%%; 0.2 or 20%% for 20%%)",
+    )
+    comp.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    comp.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 1 when a verdict changed or a metric change is flagged",
+    )
     ui = command("ui", "start the MLflow UI on the embedded store")
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     ui.add_argument("--port", type=int, default=5000)
+    new_help = "write scenarios/test_NAME.py from a template that runs and passes as written"
+    new = sub.add_parser("new", help=new_help, description=new_help)
+    new.add_argument("name", metavar="NAME", help="letters, digits and _ (no test_ prefix)")
+    new.add_argument("--scenarios", default="scenarios", help="scenario folder")
+    validate_help = "check every scenario file against the contract; exit 1 on any problem"
+    validate = sub.add_parser("validate", help=validate_help, description=validate_help)
+    validate.add_argument("--scenarios", default="scenarios", help="scenario folder")
     return top
 
 
@@ -205,7 +325,16 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
     if rest and args.command != "run":
         parser().error(f"unrecognized arguments: {' '.join(rest)}")
-    handlers = {"list": _list, "sync": _sync, "ui": _ui, "baseline": _baseline}
+    handlers = {
+        "list": _list,
+        "sync": _sync,
+        "ui": _ui,
+        "baseline": _baseline,
+        "report": _report,
+        "compare": _compare,
+        "new": _new,
+        "validate": _validate,
+    }
     try:
         return _run(args, rest) if args.command == "run" else handlers[args.command](args)
     except HarnessError as exc:

@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import socket
 import tempfile
 import time
 import traceback
@@ -80,6 +81,9 @@ def _rank_main(target, args, rank, world_size, backend, folder: str, timeout_s: 
     os.dup2(log, 1)
     os.dup2(log, 2)
     torch.set_num_threads(1)  # N ranks share the machine's cores
+    # Spawned ranks all live on this machine: listen on loopback, not on whatever address the
+    # hostname resolves to (a network interface on some hosts). A user's own choice wins.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
     try:
         if os.environ.get(SETUP_ENV):
             _resolve(os.environ[SETUP_ENV])()
@@ -100,6 +104,12 @@ def _rank_main(target, args, rank, world_size, backend, folder: str, timeout_s: 
     (folder / f"rank{rank}.pickle").write_bytes(pickle.dumps(outcome))
     if "error" in outcome:
         os._exit(1)
+
+
+def _loopback_interface() -> str:
+    """The name of the loopback interface ("lo" on Linux, "lo0" on macOS)."""
+    names = [name for _, name in socket.if_nameindex()]
+    return next((n for n in names if n.startswith("lo")), "lo")
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -1,15 +1,17 @@
 """The pytest face of the harness, registered through the `pytest11` entry point.
 
-- options: --amp-device, --tracking-uri, --amp-reports, --amp-experiment, --no-mlflow;
+- options: --amp-device, --tracking-uri, --amp-reports, --amp-experiment, --no-mlflow,
+  --amp-baseline and --amp-fail-on-regression;
 - markers: @pytest.mark.claim(IDs...) on every scenario test, checked at collection;
   @pytest.mark.requires(capabilities..., gpus=N) turned into readable skip reasons;
 - fixtures: `amp_device` (the probed device) and `record` (what the test observed);
 - after each scenario test: its record goes to the journal, then to MLflow;
-- at the end: the verdict table.
+- at the end: the verdict table, and the regressions against a baseline.
 """
 
 from __future__ import annotations
 
+import argparse
 import platform
 import time
 import uuid
@@ -19,13 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import devices, fingerprint
+from harness import baseline, compare, devices, fingerprint
 from harness.claims import catalogue, unknown_ids
 from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
 from harness.record import Record
 from harness.table import render
-from harness.tracking import DEFAULT_EXPERIMENT, MlflowSink, resolve_uri
+from harness.tracking import DEFAULT_EXPERIMENT, MlflowSink, redact, resolve_uri
 
 _STATE = pytest.StashKey["AmpSession"]()
 _RECORD = pytest.StashKey[Record]()
@@ -53,7 +55,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--amp-experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
     group.addoption(
         "--amp-cpu-threads",
-        type=int,
+        type=_positive_int,
         default=1,
         help="torch threads for scenarios on the CPU (default 1: see README)",
     )
@@ -62,9 +64,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="record to the journal only (replay later with `amp-harness sync`)",
     )
+    group.addoption(
+        "--amp-baseline",
+        default=None,
+        metavar="PATH|auto",
+        help="at the end, compare the session with this baseline file; auto: "
+        "reports/baselines/<this environment>.json, as `amp-harness baseline save` names it",
+    )
+    group.addoption(
+        "--amp-fail-on-regression",
+        action="store_true",
+        help="fail the session when a verdict changed or a metric moved significantly against "
+        "the baseline (--amp-baseline, auto when not given)",
+    )
     parser.addini(
         "amp_scenarios", "folder of scenario modules, relative to rootdir", default="scenarios"
     )
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
 
 
 @dataclass
@@ -80,6 +101,9 @@ class AmpSession:
     sink: MlflowSink | None = None
     entry: dict | None = None  # the journal's session entry, once tracking is open
     saved_threads: int | None = None
+    baseline: Path | None = None  # the baseline file looked for (--amp-baseline)
+    baseline_summary: dict | None = None  # its content; None when there is none at `baseline`
+    comparison: compare.Comparison | None = None
 
     def is_scenario(self, path: Path) -> bool:
         return Path(path).resolve().is_relative_to(self.scenarios)
@@ -89,6 +113,7 @@ class AmpSession:
         self.journal = Journal(self.reports / JOURNAL_NAME)
         self.journal.check_writable()
         facts = fingerprint.collect(self.device, self.config.rootpath)
+        self.open_baseline(facts)  # a bad baseline stops the session before anything is recorded
         started = time.time()
         self.entry = {
             "type": "session",
@@ -97,7 +122,7 @@ class AmpSession:
             f"{fingerprint.label(facts)}",
             "started": started,
             "host": platform.node(),
-            "args": [str(a) for a in self.config.invocation_params.args],
+            "args": [redact(str(a)) for a in self.config.invocation_params.args],
             "fingerprint": facts,
         }
         self.journal.append(self.entry)
@@ -105,6 +130,34 @@ class AmpSession:
             uri = resolve_uri(self.config.getoption("tracking_uri"), self.reports)
             self.sink = MlflowSink(uri, self.config.getoption("amp_experiment"), self.reports)
             self.sink.start_session(self.entry)
+
+    def open_baseline(self, facts: dict[str, str]) -> None:
+        """Read and check the baseline before any test runs: a bad file stops the session now.
+
+        A missing file is expected for `auto` (no baseline for this environment yet) and is
+        reported at the end; a path given by hand that is not there is a mistake, said now."""
+        option = self.config.getoption("amp_baseline")
+        if option is None and self.config.getoption("amp_fail_on_regression"):
+            option = "auto"
+        if option is None:
+            return
+        if option == "auto":
+            folder = self.config.rootpath / "reports" / "baselines"
+            self.baseline = compare.auto_path(folder, facts)
+        else:
+            self.baseline = self.config.invocation_params.dir / option
+        try:
+            self.baseline_summary = compare.read_baseline(self.baseline)
+        except compare.MissingBaseline:
+            if option != "auto":
+                raise
+
+    def compare_with_baseline(self) -> None:
+        if self.baseline_summary is not None:
+            session = baseline.summarize(self.journal, self.entry["session_id"])
+            self.comparison = compare.compare(
+                self.baseline_summary, session, labels=(str(self.baseline), "this session")
+            )
 
     def finish(self, record: Record) -> None:
         self.records.append(record)
@@ -310,14 +363,55 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             f"MLflow: {state.sink.uri} (experiment {state.sink.experiment!r}); browse with "
             "`amp-harness ui`"
         )
+    if state.baseline is not None:
+        _write_comparison(terminalreporter, state)
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def _write_comparison(terminalreporter, state: AmpSession) -> None:
+    comparison = state.comparison
+    if comparison is None:
+        terminalreporter.write_line(
+            f"amp-harness: {compare.MissingBaseline(state.baseline)}", yellow=True
+        )
+        return
+    compared = comparison.compared
+    counts = f"{compared['verdicts']} verdicts, {compared['metrics']} metrics compared"
+    if not comparison.regressions:
+        terminalreporter.write_line(
+            f"baseline {state.baseline}: no verdict changed, no metric flagged ({counts})",
+            green=True,
+        )
+        return
+    failing = state.config.getoption("amp_fail_on_regression")
+    terminalreporter.write_line(
+        f"baseline {state.baseline}: regressions: {len(comparison.regressions)} ({counts})"
+        + ("; --amp-fail-on-regression fails the session" if failing else ""),
+        red=True,
+        bold=True,
+    )
+    for line in comparison.regressions:
+        terminalreporter.write_line(f"  {line}", red=True)
+    terminalreporter.write_line(
+        f"every change: `amp-harness compare {state.baseline} {state.entry['session_id']} "
+        f"--reports {state.reports}`"
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
     state = _state(session.config)
     if state.saved_threads is not None:
         torch.set_num_threads(state.saved_threads)
     if state.entry is None:
         return
+    # Before the session's end is recorded: a regression that fails the session is its status.
+    state.compare_with_baseline()
+    if (
+        state.comparison is not None
+        and state.comparison.regressions
+        and session.config.getoption("amp_fail_on_regression")
+        and session.exitstatus == pytest.ExitCode.OK  # a worse status (interrupted, ...) stays
+    ):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     counts: dict[str, int] = {}
     for r in state.records:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
@@ -325,7 +419,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "type": "session_end",
         "session_id": state.entry["session_id"],
         "ended": time.time(),
-        "exitstatus": int(exitstatus),
+        "exitstatus": int(session.exitstatus),
         "counts": counts,
     }
     state.journal.append(end)

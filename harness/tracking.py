@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -39,6 +40,7 @@ MLFLOW_ENV = {
 }
 _STATUS = {"passed": "FINISHED", "skipped": "FINISHED", "failed": "FAILED", "error": "FAILED"}
 _TAG_LIMIT = 5000  # MLflow accepts 8000 characters; evidence longer than this is cut
+_PASSWORD = re.compile(r"(://[^:/@\s]+):[^@\s]*@")  # the ":pw" of scheme://user:pw@host
 
 
 def default_uri(reports: Path) -> str:
@@ -66,14 +68,25 @@ def resolve_uri(option: str | None, reports: Path) -> str:
     return uri
 
 
+def client(uri: str):
+    """An MlflowClient whose calls are bounded (MLFLOW_ENV), for every reader and writer."""
+    for key, value in MLFLOW_ENV.items():
+        os.environ.setdefault(key, value)
+    from mlflow import MlflowClient  # imported here: it takes seconds
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def redact(text: str) -> str:
+    """`text` with the password of every URI in it removed (scheme://user:pw@host ->
+    scheme://user@host): command lines and links are recorded and shared."""
+    return _PASSWORD.sub(r"\1@", text)
+
+
 class MlflowSink:
     """Writes journal entries to MLflow; after the first failure it stays off (`down` says why)."""
 
     def __init__(self, uri: str, experiment: str = DEFAULT_EXPERIMENT, reports: Path | None = None):
-        for key, value in MLFLOW_ENV.items():
-            os.environ.setdefault(key, value)
-        from mlflow import MlflowClient  # imported here: it takes seconds
-
         self.uri = uri
         self.experiment = experiment
         # Artifacts of the embedded store live beside it; a server decides its own.
@@ -82,7 +95,7 @@ class MlflowSink:
             if reports and uri.startswith("sqlite:")
             else None
         )
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = client(uri)
         self.down: str | None = None
         self._experiment_id: str | None = None
         self._parents: dict[str, str] = {}  # session id -> parent run id

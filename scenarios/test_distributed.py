@@ -301,7 +301,8 @@ def test_only_the_fp16_hook_flushes_small_gradients(ranks, record):
     assert runs["fp16"] == predicted and largest_flushed <= threshold < min(
         v for v in values if v not in flushed
     ), f"PIT3-ZERO-ALL: predicted {predicted} (flush at <= {threshold:.3g}), got {runs['fp16']}"
-    # The fix: scaled gradients pass the fp16 hook intact.
+    # Negative control: the default hook keeps every value, and (the fix) scaled gradients pass
+    # the fp16 hook intact.
     assert runs["fp16_scaled"] == values, f"PIT3-ZERO-ALL: scaled run lost {runs['fp16_scaled']}"
 
 

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from servers import MlflowServer, free_port
 
 from harness.journal import Journal
 from harness.record import Record
@@ -52,47 +48,6 @@ ENV_KEYS = (
     "tf32.cuda.matmul.allow_tf32",
     "tf32.cudnn.allow_tf32",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MlflowServer:
-    """A real `mlflow server` on loopback with a SQLite backend, in its own process group."""
-
-    def __init__(self, folder: Path, port: int):
-        self.folder, self.port = folder, port
-        self.uri = f"http://127.0.0.1:{port}"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> MlflowServer:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", "1",
-             "--backend-store-uri", f"sqlite:///{self.folder / 'server.db'}",
-             "--artifacts-destination", (self.folder / "server-artifacts").as_uri()],
-            cwd=self.folder, start_new_session=True, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
-        )  # fmt: skip
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError("mlflow server did not become healthy within 90 s")
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        if self.process:
-            self.process.wait(timeout=30)
 
 
 @pytest.fixture

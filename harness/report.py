@@ -1,0 +1,492 @@
+"""The report: reads MLflow (never the scenarios, never the journal) and writes reports/<name>/.
+
+- `index.html`: self-contained (styles inline, figures as base64 data URIs; it loads nothing from
+  the network), rendered by Jinja2 with autoescape on: every run's text reaches it as text.
+- `summary.md`: the same ledger as a markdown table, for a pull request or a wiki page.
+- the figures as PNG files: the scenarios' figures and an overview of the verdicts.
+
+What it shows: the verdict ledger (every claim of the catalogue x every environment found, an
+environment being one set of `env.*` tags; per environment its latest session only), the claims
+no scenario covers, each scenario's figures grouped by test, and a comparison passed in by the
+caller (`comparison=`; harness.compare builds it).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import harness
+from harness import tracking
+from harness.claims import VERDICTS, catalogue
+from harness.errors import HarnessError
+from harness.tracking import DEFAULT_EXPERIMENT
+
+DEFAULT_NAME = "report"  # a fixed name, overwritten by the next build: a stable path to bookmark
+EMBEDDED_UI = "http://127.0.0.1:5000"  # what `amp-harness ui` (and `mlflow ui`) serve by default
+NO_VERDICT = "no verdict"  # a test that declared the claim but failed before deciding it
+TEMPLATE = "report.html.j2"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_PAGE = 5000  # runs per search_runs call: under every store's maximum (SQLite and REST: 50,000)
+# Verdict colours, shared by the HTML (CSS classes) and the overview figure.
+COLOURS = {
+    "confirmed": "#2e7d32",
+    "refuted": "#c62828",
+    "partly": "#ef8f00",
+    "inconclusive": "#7b1fa2",
+    "skipped": "#9e9e9e",
+    NO_VERDICT: "#37474f",
+}
+
+Comparison = str | Sequence[Mapping[str, object]] | None
+
+
+@dataclass
+class Entry:
+    """One test's verdict on one claim, with the link to its MLflow run."""
+
+    claim: str
+    verdict: str  # one of VERDICTS, or NO_VERDICT
+    evidence: str
+    test: str  # pytest node id
+    url: str
+
+
+@dataclass
+class Environment:
+    facts: dict[str, str]  # the env.* tags, without the prefix
+    label: str
+    session_name: str
+    session_url: str | None  # the session's parent run, when there is one
+    started: float  # seconds since the epoch
+    tests: list = field(default_factory=list)  # MLflow runs of the latest session's tests
+
+
+@dataclass
+class Figure:
+    test: str
+    name: str  # the artifact's file name
+    file: str  # the PNG's name inside the report folder
+    data_uri: str
+
+
+def build(
+    tracking_uri: str,
+    out: Path,
+    experiment: str = DEFAULT_EXPERIMENT,
+    comparison: Comparison = None,
+) -> Path:
+    """Write the report into the folder `out` (replaced whole if it holds an earlier report) and
+    return the path of its index.html.
+
+    `comparison` is the hook for harness.compare: already-rendered text (shown verbatim in
+    summary.md and as escaped preformatted text in the HTML) or a list of rows (dicts with the
+    same keys), shown as a table.
+    """
+    out = Path(out)
+    _check_target(out)
+    client, experiment_id = _open(tracking_uri, experiment)
+    runs = _all_runs(client, experiment_id)
+    ui = _ui(tracking_uri)
+
+    def link(run_id: str) -> str:
+        return f"{ui}/#/experiments/{experiment_id}/runs/{run_id}"
+
+    environments = _latest_sessions(runs, link)
+    ledger = [
+        (claim, [_entries(claim.id, env, link) for env in environments])
+        for claim in catalogue().values()
+    ]
+    built = time.time()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    work.chmod(0o755)  # mkdtemp's 0o700 would hide the report from the people it is for
+    try:
+        figures = [_figures(env, tracking_uri, work, i) for i, env in enumerate(environments)]
+        counts = [
+            Counter(e.verdict for _claim, cells in ledger for e in cells[i])
+            for i in range(len(environments))
+        ]
+        overview = _overview(environments, counts, work) if environments else None
+        context = {
+            "title": "amp-harness verdict report",
+            "built": _when(built),
+            "source": tracking.redact(tracking_uri),
+            "experiment": experiment,
+            "ui": ui,
+            "harness_version": harness.__version__,
+            "environments": environments,
+            "counts": counts,
+            "ledger": ledger,
+            "uncovered": _uncovered(runs),
+            "unknown": _unknown_claims(runs),
+            "figures": figures,
+            "overview": overview,
+            "comparison": comparison,
+            "comparison_columns": _columns(comparison),
+            "verdict_order": [*VERDICTS, NO_VERDICT],
+            "colours": COLOURS,
+            "when": _when,
+        }
+        (work / "index.html").write_text(_render(context), encoding="utf-8")
+        (work / "summary.md").write_text(_markdown(context), encoding="utf-8")
+        _replace(out, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out / "index.html"
+
+
+def report_dir(reports: Path, name: str = DEFAULT_NAME) -> Path:
+    """reports/<name>, for a name that is one plain folder name."""
+    if not _NAME.match(name):
+        raise HarnessError(
+            f"--name {name!r}: use one folder name of letters, digits, '.', '_' or '-' "
+            f"(e.g. {DEFAULT_NAME} or 2025-06-01-h200)"
+        )
+    return Path(reports) / name
+
+
+def _check_target(out: Path) -> None:
+    """Only a folder that holds an earlier report is replaced: never reports/records, the
+    artifact store or a user's own folder."""
+    if out.exists() and not (out.is_dir() and (out / "index.html").is_file()):
+        raise HarnessError(
+            f"{out} exists and is not an amp-harness report (no index.html): pass another --name"
+        )
+
+
+def _replace(out: Path, work: Path) -> None:
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}-old-{os.getpid()}")
+        out.rename(old)
+    work.rename(out)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# --- reading MLflow -------------------------------------------------------------------------
+
+
+def _open(uri: str, experiment: str):
+    if uri.startswith("sqlite:"):
+        # Opening a missing SQLite file would create an empty store: say where to look instead.
+        path = Path(urlparse(uri).path)
+        if not path.is_file():
+            raise HarnessError(
+                f"no MLflow store {path}: run `amp-harness run` first, or pass --reports DIR "
+                "or --tracking-uri URI for the store that holds the runs"
+            )
+    client = tracking.client(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        names = [e.name for e in client.search_experiments()]
+        raise HarnessError(
+            f"no experiment {experiment!r} at {tracking.redact(uri)}; it has: "
+            f"{', '.join(names) or 'none'} (pass --experiment NAME)"
+        )
+    return client, found.experiment_id
+
+
+def _all_runs(client, experiment_id: str) -> list:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], max_results=_PAGE, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _env(run) -> dict[str, str]:
+    return {k[4:]: v for k, v in run.data.tags.items() if k.startswith("env.")}
+
+
+def _latest_sessions(runs: list, link) -> list[Environment]:
+    """One Environment per distinct set of env.* tags, holding its latest session's tests."""
+    from harness import fingerprint  # here: it imports torch, which `amp-harness ui` never needs
+
+    sessions: dict[str, dict] = {}
+    for run in runs:
+        tags = run.data.tags
+        kind, sid = tags.get("amp.kind"), tags.get("amp.session_id")
+        if kind not in ("session", "test") or not sid:
+            continue  # not a harness run
+        session = sessions.setdefault(
+            sid,
+            {
+                "env": _env(run),
+                "started": run.info.start_time,
+                "name": sid,
+                "url": None,
+                "tests": [],
+            },
+        )
+        if kind == "session":
+            session.update(
+                env=_env(run),
+                started=run.info.start_time,
+                name=run.info.run_name,
+                url=link(run.info.run_id),
+            )
+        else:
+            session["tests"].append(run)
+            session["started"] = min(session["started"], run.info.start_time)
+    latest: dict[tuple, dict] = {}
+    for session in sessions.values():
+        key = tuple(sorted(session["env"].items()))
+        if key not in latest or session["started"] > latest[key]["started"]:
+            latest[key] = session
+    environments = [
+        Environment(
+            facts=session["env"],
+            label=fingerprint.label(defaultdict(lambda: "n/a", session["env"])),
+            session_name=session["name"],
+            session_url=session["url"],
+            started=session["started"] / 1000,
+            tests=sorted(session["tests"], key=lambda r: r.data.tags.get("amp.test", "")),
+        )
+        for session in latest.values()
+    ]
+    environments.sort(key=lambda env: (env.label, env.started))
+    _disambiguate(environments)
+    return environments
+
+
+def _disambiguate(environments: list[Environment]) -> None:
+    """Environments with the same label get the facts that tell them apart (git commit, ...)."""
+    by_label: dict[str, list[Environment]] = defaultdict(list)
+    for env in environments:
+        by_label[env.label].append(env)
+    for same in by_label.values():
+        if len(same) < 2:
+            continue
+        keys = sorted({k for env in same for k in env.facts})
+        differing = [k for k in keys if len({env.facts.get(k, "n/a") for env in same}) > 1]
+        for env in same:
+            env.label += " (" + ", ".join(f"{k} {env.facts.get(k, 'n/a')}" for k in differing) + ")"
+
+
+def _entries(claim: str, env: Environment, link) -> list[Entry]:
+    entries = []
+    for run in env.tests:
+        tags = run.data.tags
+        if claim not in tags.get("claims", "").split(","):
+            continue
+        verdict = tags.get(f"verdict.{claim}")
+        if verdict:
+            evidence = tags.get(f"evidence.{claim}", "")
+        else:  # the test failed before deciding: show why, as the verdict table does
+            verdict = NO_VERDICT
+            evidence = f"test {tags.get('outcome', '?')}: {tags.get('outcome.message', '')}"
+        entries.append(
+            Entry(
+                claim=claim,
+                verdict=verdict,
+                evidence=evidence,
+                test=tags.get("amp.test", run.info.run_name),
+                url=link(run.info.run_id),
+            )
+        )
+    return entries
+
+
+def _uncovered(runs: list) -> list[tuple[str, str, str]]:
+    """(claim, statement, why) for each claim with no decided verdict in any run of the
+    experiment: 'no verdict in any run', or 'only skipped' with the skip reasons."""
+    seen: dict[str, list[str]] = defaultdict(list)  # claim -> evidence of its skips
+    decided: set[str] = set()
+    for run in runs:
+        if run.data.tags.get("amp.kind") != "test":
+            continue
+        for key, verdict in run.data.tags.items():
+            if key.startswith("verdict."):
+                claim = key.removeprefix("verdict.")
+                if verdict == "skipped":
+                    seen[claim].append(run.data.tags.get(f"evidence.{claim}", ""))
+                else:
+                    decided.add(claim)
+    uncovered = []
+    for claim in catalogue().values():
+        if claim.id in decided:
+            continue
+        if claim.id in seen:
+            reasons = sorted({r for r in seen[claim.id] if r})
+            why = "only skipped" + (f": {'; '.join(reasons)}" if reasons else "")
+        else:
+            why = "no verdict in any run"
+        uncovered.append((claim.id, claim.statement, why))
+    return uncovered
+
+
+def _unknown_claims(runs: list) -> list[str]:
+    """Verdict tags for IDs the catalogue no longer has (renamed or removed claims)."""
+    known = catalogue()
+    return sorted(
+        {
+            key.removeprefix("verdict.")
+            for run in runs
+            for key in run.data.tags
+            if key.startswith("verdict.") and key.removeprefix("verdict.") not in known
+        }
+    )
+
+
+def _figures(env: Environment, uri: str, work: Path, index: int) -> list[Figure]:
+    """Download the figures/*.png of the session's tests into the report folder.
+
+    Through the run's artifact URI, which search_runs already returned: MlflowClient's
+    run-id path looks the run up again (two queries and a logged-model lookup per call, about
+    13 ms a run on SQLite), which alone would take a 1,000-run report past its 10 s budget."""
+    import mlflow.artifacts
+
+    figures = []
+    for run in env.tests:
+        root = run.info.artifact_uri.rstrip("/")
+        listed = mlflow.artifacts.list_artifacts(artifact_uri=f"{root}/figures", tracking_uri=uri)
+        test = run.data.tags.get("amp.test", run.info.run_name)
+        for info in listed:
+            name = info.path.rsplit("/", 1)[-1]
+            if info.is_dir or not name.endswith(".png"):
+                continue
+            local = mlflow.artifacts.download_artifacts(
+                artifact_uri=f"{root}/{info.path}",
+                dst_path=str(work / ".download"),
+                tracking_uri=uri,
+            )
+            data = Path(local).read_bytes()
+            file = f"env{index + 1}-{_slug(test)}-{name}"
+            (work / file).write_bytes(data)
+            figures.append(Figure(test, name, file, _data_uri(data)))
+    shutil.rmtree(work / ".download", ignore_errors=True)
+    return figures
+
+
+def _overview(environments: list[Environment], counts: list[Counter], work: Path) -> Figure:
+    """Verdict counts per environment, as stacked bars coloured as in the ledger."""
+    from matplotlib.figure import Figure as MplFigure
+
+    fig = MplFigure(figsize=(9, 0.6 + 0.55 * len(environments)), layout="constrained")
+    ax = fig.subplots()
+    labels = [env.label for env in environments]
+    left = [0] * len(environments)
+    for verdict in (*VERDICTS, NO_VERDICT):
+        widths = [c.get(verdict, 0) for c in counts]
+        if any(widths):
+            ax.barh(labels, widths, left=left, color=COLOURS[verdict], label=verdict)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.invert_yaxis()
+    ax.set_xlabel("verdicts in the latest session (one per claim and test)")
+    ax.legend(ncols=6, fontsize="small", loc="lower left", bbox_to_anchor=(0, 1.02))
+    file = "verdicts.png"
+    fig.savefig(work / file, dpi=100)
+    return Figure("", "verdicts per environment", file, _data_uri((work / file).read_bytes()))
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def _render(context: dict) -> str:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+        autoescape=True,  # always: run names, tags and evidence are text, never markup
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return env.get_template(TEMPLATE).render(context)
+
+
+def _markdown(context: dict) -> str:
+    environments = context["environments"]
+    lines = [
+        f"# {context['title']}",
+        "",
+        f"Built {context['built']} from {context['source']} (experiment "
+        f"`{context['experiment']}`); the latest session of each environment.",
+        "",
+    ]
+    lines += [
+        f"- **{_md(env.label)}**: {_md(env.session_name)} ({_when(env.started)})"
+        for env in environments
+    ] or ["No harness runs in this experiment yet."]
+    lines += ["", "## Verdict ledger", ""]
+    lines.append("| claim | " + " | ".join(_md(env.label) for env in environments) + " |")
+    lines.append("|---" * (len(environments) + 1) + "|")
+    for claim, cells in context["ledger"]:
+        row = [
+            "<br>".join(
+                f"[{e.verdict}]({e.url}): {_md(e.evidence)} ({_md(e.test.split('::')[-1])})"
+                for e in entries
+            )
+            or "not run"
+            for entries in cells
+        ]
+        lines.append(f"| {claim.id} | " + " | ".join(row) + " |")
+    lines += ["", "## Claims no scenario covers", ""]
+    lines += [f"- {cid}: {_md(why)}" for cid, _statement, why in context["uncovered"]] or [
+        "Every claim has a verdict."
+    ]
+    comparison = context["comparison"]
+    if comparison is not None:
+        lines += ["", "## Comparison", ""]
+        if isinstance(comparison, str):
+            lines.append(comparison)
+        else:
+            columns = context["comparison_columns"]
+            lines.append("| " + " | ".join(_md(c) for c in columns) + " |")
+            lines.append("|---" * len(columns) + "|")
+            lines += [
+                "| " + " | ".join(_md(str(row.get(c, ""))) for c in columns) + " |"
+                for row in comparison
+            ]
+    figures = [f for group in context["figures"] for f in group]
+    if context["overview"]:
+        figures.insert(0, context["overview"])
+    if figures:
+        lines += ["", "## Figures", ""]
+        lines += [f"- [{_md(f.test or f.name)}: {f.name}]({f.file})" for f in figures]
+    return "\n".join(lines) + "\n"
+
+
+def _columns(comparison: Comparison) -> list[str]:
+    if comparison is None or isinstance(comparison, str):
+        return []
+    return list(dict.fromkeys(key for row in comparison for key in row))
+
+
+def _md(text: str) -> str:
+    """Text in a markdown table cell: no markup, no cell break, no line break."""
+    return html.escape(" ".join(str(text).split()), quote=False).replace("|", "\\|")
+
+
+def _slug(test: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", test.removeprefix("scenarios/")).strip("_")
+
+
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+
+
+def _ui(uri: str) -> str:
+    """Where the MLflow UI for this store is: the server itself, or `amp-harness ui` /
+    `mlflow ui --backend-store-uri URI` on their default address for a database store."""
+    if urlparse(uri).scheme in ("http", "https"):
+        return tracking.redact(uri).rstrip("/")
+    return EMBEDDED_UI

@@ -1,0 +1,132 @@
+"""Real servers for the tests, on 127.0.0.1 and a free port: `mlflow server`, and a throwaway
+PostgreSQL cluster where PostgreSQL is installed. Each test stops what it started."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real `mlflow server` on loopback in its own process group; SQLite backend by default."""
+
+    def __init__(self, folder: Path, port: int, backend: str | None = None):
+        self.folder, self.port = folder, port
+        self.backend = backend or f"sqlite:///{folder / 'server.db'}"
+        self.artifacts = folder / "server-artifacts"
+        self.log = folder / "mlflow-server.log"
+        self.uri = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 120) -> MlflowServer:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--workers", "1",
+                 "--backend-store-uri", self.backend,
+                 "--artifacts-destination", self.artifacts.as_uri()],
+                cwd=self.folder, start_new_session=True, stdout=log, stderr=log,
+                env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        tail = self.log.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"mlflow server did not become healthy within {timeout_s} s:\n{tail}")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        if self.process:
+            self.process.wait(timeout=30)
+
+
+def postgres_missing() -> str | None:
+    """Why a PostgreSQL test cannot run here, or None."""
+    if PostgresServer.bindir() is None:
+        return "PostgreSQL is not installed (Debian: apt-get install -y postgresql)"
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg is not installed: pip install 'psycopg[binary]'"
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return "running as root, and there is no `postgres` user to run initdb as"
+    return None
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster: trust authentication, TCP on 127.0.0.1 only, no socket
+    file. As root, its commands run as the `postgres` user: initdb refuses to run as root."""
+
+    def __init__(self, port: int, database: str = "mlflow"):
+        self.port, self.database = port, database
+        self.folder: Path | None = None
+        self.uri = f"postgresql+psycopg://postgres@127.0.0.1:{port}/{database}"
+
+    @staticmethod
+    def bindir() -> Path | None:
+        """initdb and pg_ctl: on PATH, or where Debian puts them (the newest version)."""
+        debian = glob.glob("/usr/lib/postgresql/[0-9]*/bin/initdb")
+        found = shutil.which("initdb") or max(
+            debian, key=lambda p: int(Path(p).parts[4]), default=None
+        )
+        return Path(found).resolve().parent if found else None  # links: to createdb's folder
+
+    def _run(self, *command: str) -> None:
+        as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run(
+            [*as_postgres, str(self.bindir() / command[0]), *command[1:]],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+
+    def start(self) -> PostgresServer:
+        # Not under pytest's tmp_path: its parent folders are private to root.
+        self.folder = Path(tempfile.mkdtemp(prefix="amp-harness-pg-"))
+        if os.geteuid() == 0:
+            shutil.chown(self.folder, "postgres", "postgres")
+        data = str(self.folder / "data")
+        try:
+            self._run("initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8",
+                      "--no-sync")  # fmt: skip
+            options = f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories=''"
+            self._run("pg_ctl", "-D", data, "-l", str(self.folder / "log"), "-w", "-t", "120",
+                      "-o", options, "start")  # fmt: skip
+            self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+                      self.database)  # fmt: skip
+        except subprocess.CalledProcessError as exc:
+            self.stop()
+            raise RuntimeError(f"{exc.cmd}: {exc.stderr.decode(errors='replace')}") from exc
+        return self
+
+    def stop(self) -> None:
+        if self.folder is None:
+            return
+        if (self.folder / "data" / "postmaster.pid").exists():
+            self._run("pg_ctl", "-D", str(self.folder / "data"), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder = None

@@ -1,0 +1,320 @@
+"""Comparing runs: changed verdicts, metric changes flagged only when significant and large,
+`amp-harness compare`, and the plugin's --amp-baseline / --amp-fail-on-regression."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scipy import stats
+
+from harness import baseline, cli, compare
+from harness.errors import HarnessError
+from harness.journal import Journal
+
+TEST = "scenarios/test_scn.py::test_bytes"
+ACCURACY = {"mlp/amp-fp16/seed0/val_accuracy": 90.0, "mlp/amp-fp16/seed1/val_accuracy": 92.0,
+            "mlp/amp-fp16/seed2/val_accuracy": 91.0}  # fmt: skip
+
+
+def summary(metrics: dict, verdict: str = "confirmed") -> dict:
+    """The shape harness.baseline.summarize makes (the plugin tests below use the real one)."""
+    return {
+        "format": baseline.FORMAT,
+        "session_id": "s",
+        "name": "n",
+        "fingerprint": {"torch": "2.13.0"},
+        "verdicts": [
+            {"claim": "FMT-BYTES", "verdict": verdict, "evidence": "fp16 2 bytes", "test": TEST}
+        ],
+        "tests": {TEST: {"outcome": "passed", "metrics": metrics}},
+    }
+
+
+def scaled(metrics: dict, factor: float, only: str = "") -> dict:
+    return {k: v * factor if only in k else v for k, v in metrics.items()}
+
+
+def test_identical_runs_have_nothing_to_report():
+    run = summary({**ACCURACY, "bytes": 2.0, "overflow": "inf", "loss": "nan"})
+    result = compare.compare(run, json.loads(json.dumps(run)))
+    assert (result.verdicts, result.metrics, result.regressions) == ([], [], [])
+    assert result.compared == {"verdicts": 1, "metrics": 4}  # the 3 seeds are one quantity
+
+
+def test_a_changed_verdict_is_a_regression_with_its_evidence():
+    result = compare.compare(summary(ACCURACY, "refuted"), summary(ACCURACY, "confirmed"))
+    (change,) = result.verdicts
+    assert (change.claim, change.test, change.before, change.after) == (
+        "FMT-BYTES", TEST, "refuted", "confirmed",
+    )  # fmt: skip
+    assert result.regressions == [f"FMT-BYTES ({TEST}): verdict refuted -> confirmed: fp16 2 bytes"]
+
+
+def test_seed_repetitions_shifted_by_half_are_flagged_naming_claim_and_metric():
+    result = compare.compare(summary(ACCURACY), summary(scaled(ACCURACY, 1.5)))
+    (change,) = result.metrics
+    assert change.metric == "mlp/amp-fp16/seed*/val_accuracy"
+    assert change.flagged and change.relative == pytest.approx(0.5)
+    welch = stats.ttest_ind(list(ACCURACY.values()), [v * 1.5 for v in ACCURACY.values()],
+                            equal_var=False).pvalue  # fmt: skip
+    assert change.p_value == pytest.approx(welch)
+    (line,) = result.regressions
+    assert line.startswith(f"FMT-BYTES ({TEST}): metric mlp/amp-fp16/seed*/val_accuracy 91 ")
+    assert "+50.0%" in line and "n=3 vs 3" in line
+
+
+@pytest.mark.parametrize(
+    ("after", "why"),
+    [
+        (scaled(ACCURACY, 1.05), "significant, but within the 10% threshold"),
+        ({**ACCURACY, "mlp/amp-fp16/seed2/val_accuracy": 200.0}, "large, but within the noise"),
+    ],
+)
+def test_a_change_must_be_both_significant_and_large(after, why):
+    (change,) = compare.compare(summary(ACCURACY), summary(after)).metrics
+    assert not change.flagged, why
+    assert change.p_value is not None
+
+
+def test_the_threshold_is_a_parameter():
+    (change,) = compare.compare(summary(ACCURACY), summary(scaled(ACCURACY, 1.05)), 0.02).metrics
+    assert change.flagged
+
+
+def test_a_metric_without_repetitions_is_listed_but_never_flagged():
+    result = compare.compare(summary({"bytes": 2.0}), summary({"bytes": 4.0}))
+    (change,) = result.metrics
+    assert (change.note, change.p_value, change.flagged) == ("no repetitions", None, False)
+    assert change.relative == 1.0
+    assert result.regressions == []
+
+
+def test_repetitions_are_seed_round_and_rank_path_components_only():
+    grouped = compare._quantities(
+        {"rank0/scale": 1, "rank1/scale": 1, "a/round3/x": 1, "lr0.1/loss": 1, "seed": 1,
+         "seed0_loss": 1}
+    )  # fmt: skip
+    assert list(grouped) == ["rank*/scale", "a/round*/x", "lr0.1/loss", "seed", "seed0_loss"]
+    assert list(grouped["rank*/scale"]) == ["rank0/scale", "rank1/scale"]
+
+
+def test_constant_repetitions_that_move_are_flagged():
+    """The same count on every rank: no spread, so any move beyond the threshold is real."""
+    ranks = {f"rank{r}/optimizer_steps": 10.0 for r in range(4)}
+    (change,) = compare.compare(summary(ranks), summary(scaled(ranks, 0.5))).metrics
+    assert (change.p_value, change.flagged) == (0.0, True)
+
+
+def test_tests_and_metrics_of_one_run_only_are_listed_not_compared():
+    a = summary({"bytes": 2.0, "gone": 1.0})
+    b = summary({"bytes": 2.0, "new": 1.0})
+    b["tests"]["scenarios/test_scn.py::test_other"] = {"outcome": "passed", "metrics": {}}
+    result = compare.compare(a, b)
+    assert result.only_a == [f"{TEST} :: metric gone"]
+    assert result.only_b == [f"{TEST} :: metric new", "scenarios/test_scn.py::test_other"]
+    assert result.regressions == []
+
+
+def test_json_output_is_standard_json():
+    a = summary({"bytes": 0.0, "loss": 1.0})
+    b = summary({"bytes": 2.0, "loss": "nan"})
+    document = json.dumps(compare.compare(a, b).to_json(), allow_nan=False)
+    changes = {m["metric"]: m for m in json.loads(document)["metric_changes"]}
+    assert changes["bytes"]["relative"] == "inf"
+    assert changes["loss"]["after"] == ["nan"]
+
+
+def test_a_missing_baseline_names_the_file_and_how_to_make_one(tmp_path):
+    path = tmp_path / "baselines" / "cpu_torch-2.13.0.json"
+    with pytest.raises(compare.MissingBaseline) as missing:
+        compare.read_baseline(path)
+    assert str(path) in str(missing.value)
+    assert f"amp-harness baseline save --out {path.parent}" in str(missing.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not JSON"),
+        ('{"format": 99}', 'field "format" is 99'),
+        (json.dumps({**summary({}), "verdicts": [{"claim": "X"}]}), 'verdicts[0]: field "verdict"'),
+        (json.dumps(summary({"bytes": "two"})), f'tests["{TEST}"].metrics["bytes"]: \'two\''),
+    ],
+)
+def test_a_malformed_baseline_names_the_file_the_field_and_the_fix(tmp_path, content, message):
+    path = tmp_path / "base.json"
+    path.write_text(content)
+    with pytest.raises(HarnessError) as error:
+        compare.read_baseline(path)
+    text = str(error.value)
+    assert text.startswith(f"{path}: ") and message in text
+    assert "amp-harness baseline save" in text
+
+
+# --- through pytest and the command line: real sessions, real journal, real baseline files ---
+
+SCENARIO = """
+import pytest
+
+@pytest.mark.claim("FMT-BYTES")
+def test_bytes(record):
+    record.metric(fp16_bytes=2)
+    for seed, accuracy in enumerate([90.0, 92.0, 91.0]):
+        record.metric(**{f"mlp/amp-fp16/seed{seed}/val_accuracy": accuracy})
+    record.verdict("FMT-BYTES", "confirmed", "fp16 2 bytes, fp32 4 bytes")
+"""
+
+
+def session(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_inprocess(
+        "scenarios", "--no-mlflow", "--amp-device=cpu", "-p", "no:cacheprovider",
+        f"--amp-reports={pytester.path / 'reports'}", *args,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def saved(pytester: pytest.Pytester):
+    """A session's baseline, saved where --amp-baseline auto looks for it; edit it to taste."""
+    pytester.makepyfile(**{"scenarios/test_scn": SCENARIO})
+    session(pytester).assert_outcomes(passed=1)
+    journal = Journal(pytester.path / "reports" / "journal.jsonl")
+    path = baseline.save(baseline.summarize(journal), pytester.path / "reports" / "baselines")
+
+    def edit(change) -> dict:
+        content = json.loads(path.read_text())
+        change(content)
+        path.write_text(json.dumps(content))
+        return content
+
+    edit.path = path
+    return edit
+
+
+def last_exitstatus(pytester: pytest.Pytester) -> int:
+    lines = (pytester.path / "reports" / "journal.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["type"] == "session_end"][-1]["exitstatus"]
+
+
+def test_the_same_behaviour_as_the_baseline_passes(pytester, saved):
+    result = session(pytester, "--amp-fail-on-regression")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(
+        [f"baseline {saved.path}: no verdict changed, no metric flagged (1 verdicts, 2 metrics*"]
+    )
+
+
+def test_a_changed_verdict_fails_the_session_naming_the_claim(pytester, saved):
+    def refuted(content):
+        content["verdicts"][0]["verdict"] = "refuted"
+
+    saved(refuted)
+    result = session(pytester, "--amp-fail-on-regression")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1)  # the test itself passed: the regression fails the session
+    result.stdout.fnmatch_lines(
+        ["baseline *: regressions: 1 *--amp-fail-on-regression fails the session",
+         f"  FMT-BYTES ({TEST}): verdict refuted -> confirmed: fp16 2 bytes, fp32 4 bytes"]
+    )  # fmt: skip
+    assert last_exitstatus(pytester) == pytest.ExitCode.TESTS_FAILED  # so MLflow says FAILED
+
+
+def test_seed_metrics_shifted_by_half_fail_naming_the_metric(pytester, saved):
+    def shifted(content):
+        metrics = content["tests"][TEST]["metrics"]
+        content["tests"][TEST]["metrics"] = {k: v / 1.5 for k, v in metrics.items()}
+
+    saved(shifted)  # fp16_bytes moved by 50% too, but it has no repetitions: listed, not flagged
+    result = session(pytester, "--amp-baseline=auto", "--amp-fail-on-regression")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        ["baseline *: regressions: 1 *",
+         f"  FMT-BYTES ({TEST}): metric mlp/amp-fp16/seed*/val_accuracy 60.67 (mean of 3) -> "
+         "91 (mean of 3) (+50.0%, Welch p=*, n=3 vs 3)"]
+    )  # fmt: skip
+
+
+def test_without_fail_on_regression_the_regressions_are_shown_and_the_session_passes(
+    pytester, saved
+):
+    saved(lambda content: content["verdicts"][0].update(verdict="refuted"))
+    result = session(pytester, f"--amp-baseline={saved.path}")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["baseline *: regressions: 1 *", "  FMT-BYTES *refuted*"])
+
+
+def test_no_baseline_for_this_environment_is_a_line_not_a_failure(pytester):
+    pytester.makepyfile(**{"scenarios/test_scn": SCENARIO})
+    result = session(pytester, "--amp-fail-on-regression")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(
+        [f"amp-harness: no baseline at {pytester.path}/reports/baselines/cpu-*_torch-*.json: "
+         "nothing compared*amp-harness baseline save*"]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("write", "message"),
+    [(None, "*no baseline at *typo.json*"), ("[]", "*typo.json: expected a JSON object*")],
+)
+def test_a_named_baseline_that_is_absent_or_bad_stops_the_session_before_it_runs(
+    pytester, write, message
+):
+    pytester.makepyfile(**{"scenarios/test_scn": SCENARIO})
+    if write is not None:
+        (pytester.path / "typo.json").write_text(write)
+    result = session(pytester, "--amp-baseline=typo.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+    journal = Journal(pytester.path / "reports" / "journal.jsonl")
+    assert list(journal.entries()) == []  # no session half-recorded
+
+
+def test_cli_compares_a_baseline_file_with_the_last_session(pytester, saved, capsys):
+    saved(lambda content: content["verdicts"][0].update(verdict="refuted"))
+    reports = str(pytester.path / "reports")
+    assert cli.main(["compare", str(saved.path), "last", "--reports", reports]) == 0
+    out = capsys.readouterr().out
+    assert "verdicts changed: 1" in out and "refuted -> confirmed" in out
+
+    argv = ["compare", str(saved.path), "--reports", reports, "--json", "--fail-on-regression"]
+    assert cli.main(argv) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["a"] == str(saved.path) and document["b"].startswith("session ")
+    assert [v["claim"] for v in document["verdict_changes"]] == ["FMT-BYTES"]
+    assert document["metric_changes"] == []
+
+
+def test_cli_compares_two_sessions_by_id(pytester, saved, capsys):
+    session(pytester).assert_outcomes(passed=1)
+    capsys.readouterr()  # the nested session's output
+    journal = Journal(pytester.path / "reports" / "journal.jsonl")
+    first, second = [e["session_id"] for e in journal.entries() if e["type"] == "session"]
+    argv = ["compare", first, second, "--reports", str(pytester.path / "reports"), "--json"]
+    assert cli.main([*argv, "--fail-on-regression"]) == 0
+    assert json.loads(capsys.readouterr().out)["compared"] == {"verdicts": 1, "metrics": 2}
+
+
+def test_cli_reports_a_missing_baseline_and_exits_0(tmp_path, capsys):
+    path = tmp_path / "baselines" / "NVIDIA-H200_torch-2.13.0_cuda-13.0.json"
+    assert cli.main(["compare", str(path), "--reports", str(tmp_path), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["missing_baseline"] == str(path)
+    assert "amp-harness baseline save" in document["message"]
+
+
+def test_cli_unknown_session_is_an_error_saying_what_else_to_give(pytester, saved, capsys):
+    assert cli.main(["compare", "nosuchsession", "--reports", str(pytester.path / "reports")]) == 2
+    assert "no session 'nosuchsession'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "value"), [("0.2", 0.2), ("20%", 0.2)])
+def test_cli_threshold_is_a_fraction_or_a_percentage(text, value):
+    assert cli.parser().parse_args(["compare", "last", "--threshold", text]).threshold == value
+
+
+@pytest.mark.parametrize("text", ["0", "-5%", "ten"])
+def test_cli_bad_threshold_is_a_usage_error(text):
+    with pytest.raises(SystemExit) as exit_:
+        cli.parser().parse_args(["compare", "last", "--threshold", text])
+    assert exit_.value.code == 2
