@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import time
 import uuid
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import baseline, compare, devices, fingerprint
+from harness import baseline, compare, devices, fingerprint, isolation
 from harness.claims import catalogue, unknown_ids
 from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
@@ -29,6 +30,7 @@ from harness.record import Record
 from harness.table import render
 from harness.tracking import DEFAULT_EXPERIMENT, MlflowSink, redact, resolve_uri
 
+WORKER_FLAG = "--amp-worker-output"
 _STATE = pytest.StashKey["AmpSession"]()
 _RECORD = pytest.StashKey[Record]()
 _OUTCOME = pytest.StashKey[list]()  # (outcome, message) per phase that did not pass
@@ -77,6 +79,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fail the session when a verdict changed or a metric moved significantly against "
         "the baseline (--amp-baseline, auto when not given)",
     )
+    group.addoption(
+        "--amp-isolate",
+        default="auto",
+        choices=("auto", "all", "none"),
+        help="run scenario tests each in its own process, so that a crash or a hang fails only "
+        "that test: auto (tests marked isolated, and GPU tests), all, or none",
+    )
+    group.addoption(
+        "--amp-timeout",
+        type=_positive_int,
+        default=900,
+        help="seconds an isolated scenario test may run before it is killed (default 900)",
+    )
+    group.addoption(WORKER_FLAG, default=None, help=argparse.SUPPRESS)  # internal: a worker
     parser.addini(
         "amp_scenarios", "folder of scenario modules, relative to rootdir", default="scenarios"
     )
@@ -104,6 +120,8 @@ class AmpSession:
     baseline: Path | None = None  # the baseline file looked for (--amp-baseline)
     baseline_summary: dict | None = None  # its content; None when there is none at `baseline`
     comparison: compare.Comparison | None = None
+    current: Record | None = None  # the test running now: recorded as interrupted on Ctrl-C
+    worker_reports: list[dict] = field(default_factory=list)  # in a worker: for the parent
 
     def is_scenario(self, path: Path) -> bool:
         return Path(path).resolve().is_relative_to(self.scenarios)
@@ -159,7 +177,12 @@ class AmpSession:
                 self.baseline_summary, session, labels=(str(self.baseline), "this session")
             )
 
+    @property
+    def worker_output(self) -> str | None:
+        return self.config.getoption("amp_worker_output")
+
     def finish(self, record: Record) -> None:
+        self.current = None
         self.records.append(record)
         if self.journal is None:
             return
@@ -178,6 +201,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "requires(*capabilities, gpus=0): skip with a reason unless the device has them "
         f"({', '.join(devices.CAPABILITY_TEXT)})",
+    )
+    config.addinivalue_line(
+        "markers",
+        "isolated: run in its own process (a crash or a hang fails only this test); GPU tests "
+        "are isolated without it",
     )
     try:
         device = devices.resolve(config.getoption("amp_device"))
@@ -244,6 +272,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             # on a shared CPU idle OpenMP threads slow every step several times over.
             state.saved_threads = torch.get_num_threads()
             torch.set_num_threads(session.config.getoption("amp_cpu_threads"))
+        if state.worker_output:
+            return  # a worker's parent records what it runs
         try:
             state.open_tracking()
         except HarnessError as exc:
@@ -267,26 +297,71 @@ def record(request: pytest.FixtureRequest) -> Record:
     return request.node.stash[_RECORD]
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest's own skipping plugin reads the skip marks
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    state = _state(item.config)
-    if not state.is_scenario(item.path):
-        return
-    item.stash[_RECORD] = Record(
+def _new_record(item: pytest.Item, state: AmpSession) -> Record:
+    return Record(
         test=item.nodeid,
         claims=_claim_ids(item) or [],
         device=state.device.describe(),
         artifact_dir=state.reports / "records" / item.nodeid.replace("/", "_").replace("::", "."),
     )
-    item.stash[_OUTCOME] = []
+
+
+def _missing_requirement(item: pytest.Item, state: AmpSession) -> str | None:
     for marker in item.iter_markers("requires"):
         try:
             reason = state.device.missing(*marker.args, **marker.kwargs)
         except (HarnessError, TypeError) as exc:
             raise HarnessError(f"{item.nodeid}: @pytest.mark.requires: {exc}") from None
         if reason:
-            # A skip mark, not pytest.skip(): the report then points at the test, not here.
-            item.add_marker(pytest.mark.skip(reason=reason))
+            return reason
+    return None
+
+
+def _isolated(item: pytest.Item, state: AmpSession) -> bool:
+    mode = item.config.getoption("amp_isolate")
+    if state.worker_output or mode == "none" or not state.is_scenario(item.path):
+        return False
+    if mode == "all":
+        return True
+    gpu = any("cuda" in marker.args for marker in item.iter_markers("requires"))
+    # A test this device cannot run skips in-process: no worker for a skip.
+    return (gpu or item.get_closest_marker("isolated") is not None) and not _missing_requirement(
+        item, state
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """An isolated test runs in a worker process; its reports and record come back from there,
+    or, if the worker crashed or hung, reports that say so."""
+    state = _state(item.config)
+    if not _isolated(item, state):
+        return None  # pytest's own protocol, in this process
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    state.current = _new_record(item, state)
+    reports, record = isolation.run(item, state.device.type, item.config.getoption("amp_timeout"))
+    for report in reports:
+        item.ihook.pytest_runtest_logreport(report=report)
+    if record is None:  # the worker died: what it had measured is lost, the failure is not
+        record = state.current
+        record.outcome, record.message = "failed", _first_line(reports[1])
+    record.ended = time.time()
+    state.finish(record)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own skipping plugin reads the skip marks
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    state = _state(item.config)
+    if not state.is_scenario(item.path):
+        return
+    item.stash[_RECORD] = state.current = _new_record(item, state)
+    item.stash[_OUTCOME] = []
+    reason = _missing_requirement(item, state)
+    if reason:
+        # A skip mark, not pytest.skip(): the report then points at the test, not here.
+        item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -314,6 +389,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         item.stash[_OUTCOME].append(("skipped", _skip_reason(report)))
     if call.when == "teardown":
         _finish(item, record)
+    state = _state(item.config)
+    if state.worker_output:  # a worker hands its reports to the parent, which shows them
+        hook = item.config.hook
+        state.worker_reports.append(
+            hook.pytest_report_to_serializable(config=item.config, report=report)
+        )
     return report
 
 
@@ -401,8 +482,19 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = _state(session.config)
     if state.saved_threads is not None:
         torch.set_num_threads(state.saved_threads)
+    if state.worker_output:
+        record = state.records[0].to_dict() if state.records else None
+        Path(state.worker_output).write_text(
+            json.dumps({"record": record, "reports": state.worker_reports}), encoding="utf-8"
+        )
+        return
     if state.entry is None:
         return
+    if state.current is not None:  # Ctrl-C (or a fatal error) stopped this test midway
+        record, state.current = state.current, None
+        record.outcome, record.message = "interrupted", f"session ended: {session.exitstatus!r}"
+        record.ended = time.time()
+        state.finish(record)
     # Before the session's end is recorded: a regression that fails the session is its status.
     state.compare_with_baseline()
     if (

@@ -38,7 +38,13 @@ MLFLOW_ENV = {
     "DO_NOT_TRACK": "true",
     "GIT_PYTHON_REFRESH": "quiet",
 }
-_STATUS = {"passed": "FINISHED", "skipped": "FINISHED", "failed": "FAILED", "error": "FAILED"}
+_STATUS = {
+    "passed": "FINISHED",
+    "skipped": "FINISHED",
+    "failed": "FAILED",
+    "error": "FAILED",
+    "interrupted": "KILLED",  # Ctrl-C
+}
 _TAG_LIMIT = 5000  # MLflow accepts 8000 characters; evidence longer than this is cut
 _PASSWORD = re.compile(r"(://[^:/@\s]+):[^@\s]*@")  # the ":pw" of scheme://user:pw@host
 
@@ -208,9 +214,7 @@ class MlflowSink:
         stamp = int(end["ended"] * 1000)
         counts = [Metric(f"tests.{k}", v, stamp, 0) for k, v in end["counts"].items()]
         self.client.log_batch(parent, metrics=counts)
-        self.client.set_terminated(
-            parent, "FINISHED" if end["exitstatus"] == 0 else "FAILED", stamp
-        )
+        self.client.set_terminated(parent, _session_status(end["exitstatus"]), stamp)
 
     def sync(self, journal: Journal) -> dict[str, int]:
         """Send MLflow what the journal has and MLflow lacks; idempotent."""
@@ -246,6 +250,11 @@ class MlflowSink:
         if self.down:
             raise HarnessError(f"sync stopped: MLflow at {self.uri}: {self.down}")
         return counts
+
+
+def _session_status(exitstatus: int) -> str:
+    """pytest's exit status as an MLflow run status: 2 is an interrupted session (Ctrl-C)."""
+    return {0: "FINISHED", 2: "KILLED"}.get(exitstatus, "FAILED")
 
 
 def _env_tags(session: dict) -> dict[str, str]:

@@ -51,6 +51,7 @@ def run_scenario(pytester: pytest.Pytester):
             f"scenarios/{module}",
             "--no-mlflow",
             "--amp-device=cpu",
+            "--amp-isolate=none",  # in this process, where the test's monkeypatch is
             f"--amp-reports={pytester.path / 'reports'}",
             "-p",
             "no:cacheprovider",

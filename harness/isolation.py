@@ -1,0 +1,119 @@
+"""Crash isolation: one scenario test in its own pytest process.
+
+A segfault, an abort, a CUDA error or a hang in a scenario must not take the session down.
+The parent runs `python -m pytest NODEID --amp-worker-output FILE` in a new process group; the
+worker runs the test as usual, without tracking, and writes its test reports and its record to
+FILE. The parent replays the reports to its own terminal and tracking; if the worker died or
+ran past the timeout, the parent writes the failure itself: the signal or exit code and the last
+lines of output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.record import Record
+
+TAIL_LINES = 15
+
+
+def worker_command(item: pytest.Item, device_type: str, output: Path) -> list[str]:
+    """The pytest command line that reruns `item` alone with the same harness options."""
+    config = item.config
+    options = [
+        f"--amp-device={device_type}",
+        f"--amp-cpu-threads={config.getoption('amp_cpu_threads')}",
+        f"--amp-reports={config.getoption('amp_reports') or config.rootpath / 'reports'}",
+        f"--amp-worker-output={output}",
+    ]
+    args = config.invocation_params.args
+    # Plugins and warning filters given on the command line apply in the worker too.
+    passed = [a for i, a in enumerate(args) if a.startswith(("-p", "-W")) or (
+        i > 0 and args[i - 1] in ("-p", "-W"))]  # fmt: skip
+    if not config.pluginmanager.has_plugin("amp_harness") and "harness.plugin" not in passed:
+        passed += ["-p", "harness.plugin"]  # the plugin was not loaded by its entry point
+    path, _, rest = item.nodeid.partition("::")
+    target = f"{config.rootpath / path}::{rest}" if rest else str(config.rootpath / path)
+    # tee-sys: the test's output is captured for its report and also reaches the log, whose last
+    # lines are all that is left of a worker that crashed.
+    return [sys.executable, "-m", "pytest", target, "-q", "--no-header", "-p", "no:cacheprovider",
+            "--capture=tee-sys",
+            *passed, *options]  # fmt: skip
+
+
+def run(
+    item: pytest.Item, device_type: str, timeout_s: float
+) -> tuple[list[pytest.TestReport], Record | None]:
+    """Run `item` in a worker; its reports (or ones describing how it died) and its record."""
+    with tempfile.TemporaryDirectory(prefix="amp-worker-") as tmp:
+        output = Path(tmp) / "result.json"
+        log = Path(tmp) / "output.log"
+        started = time.time()
+        with log.open("wb") as sink:
+            process = subprocess.Popen(
+                worker_command(item, device_type, output), cwd=item.config.invocation_params.dir,
+                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+            try:
+                code = process.wait(timeout=timeout_s)
+                cause = None if output.exists() else _exit_cause(code)
+            except subprocess.TimeoutExpired:
+                _kill(process)
+                cause = f"hung: no result within {timeout_s:g} s, killed"
+            except BaseException:  # Ctrl-C reaches the parent only (the worker has its own
+                _kill(process)  # session): end the worker too, then let the parent stop
+                raise
+        if cause is None:
+            data = json.loads(output.read_text())
+            hook = item.config.hook
+            reports = [
+                hook.pytest_report_from_serializable(config=item.config, data=d)
+                for d in data["reports"]
+            ]
+            record = Record.from_dict(data["record"]) if data["record"] else None
+            return reports, record
+        message = f"{item.nodeid} {cause}; last output:\n" + _last_words(log)
+        return _died(item, message, started), None
+
+
+def _last_words(log: Path) -> str:
+    """The end of a dead worker's output; after a fatal signal, the lines before it and the
+    innermost frames of Python's fault handler dump, which say where it happened."""
+    lines = log.read_text(errors="replace").strip().splitlines()
+    fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
+    excerpt = lines[-TAIL_LINES:] if fatal is None else lines[max(0, fatal - 5) : fatal + 10]
+    return "\n".join(excerpt or ["(none)"])
+
+
+def _kill(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _exit_cause(code: int) -> str:
+    if code < 0:
+        return f"crashed: killed by {signal.Signals(-code).name}"
+    return f"exited with code {code} before reporting"
+
+
+def _died(item: pytest.Item, message: str, started: float) -> list[pytest.TestReport]:
+    """A setup that passed, a call that failed with `message`, a teardown that passed: what the
+    terminal and the tracking need to show one failed test."""
+    now = time.time()
+    keywords = {k: 1 for k in item.keywords}
+
+    def report(when: str, outcome: str, longrepr: str | None) -> pytest.TestReport:
+        return pytest.TestReport(item.nodeid, item.location, keywords, outcome, longrepr, when,
+                                 duration=now - started, start=started, stop=now)  # fmt: skip
+
+    return [report("setup", "passed", None), report("call", "failed", message),
+            report("teardown", "passed", None)]  # fmt: skip

@@ -1,0 +1,120 @@
+"""Faults a shared GPU runner sees, survived: a scenario that segfaults, aborts or hangs in its
+own worker process fails alone, with the reason, and the session goes on; Ctrl-C ends the open
+runs as KILLED with the journal flushed, and a rerun starts clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow import MlflowClient
+
+FAULTS = """
+import os, signal, time
+import pytest
+
+pytestmark = pytest.mark.isolated
+
+@pytest.mark.claim("FMT-BITS")
+def test_segfault(record):
+    print("about to segfault", flush=True)
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+@pytest.mark.claim("FMT-BYTES")
+def test_abort(record):
+    os.abort()
+
+@pytest.mark.claim("FMT-RANGE")
+def test_hang(record):
+    time.sleep(600)
+
+@pytest.mark.claim("NUM-UNDERFLOW")
+def test_fine(record):
+    record.metric(edge=2.0**-25)
+    record.verdict("NUM-UNDERFLOW", "partly", "2**-25 -> 0, 5e-8 -> 5.96e-08")
+"""
+
+SLOW = """
+import pathlib, time
+import pytest
+
+@pytest.mark.claim("FMT-BITS")
+def test_slow(record):
+    pathlib.Path("started").write_text("yes")
+    time.sleep(600)
+"""
+
+
+def journal(reports) -> list[dict]:
+    return [json.loads(line) for line in (reports / "journal.jsonl").read_text().splitlines()]
+
+
+def statuses(reports) -> dict[str, str]:
+    client = MlflowClient(f"sqlite:///{reports / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("amp-harness")
+    return {r.info.run_name: r.info.status for r in client.search_runs([experiment.experiment_id])}
+
+
+def test_crashes_and_hangs_fail_alone_with_the_reason(pytester):
+    pytester.makepyfile(**{"scenarios/test_faults": FAULTS})
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_inprocess(
+        "scenarios", "--amp-device=cpu", "-p", "no:cacheprovider", f"--amp-reports={reports}",
+        "--amp-timeout=10",
+    )  # fmt: skip
+    result.assert_outcomes(failed=3, passed=1)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*test_segfault crashed: killed by SIGSEGV; last output:*",
+            "*about to segfault*",
+            "*test_abort crashed: killed by SIGABRT*",
+            "*test_hang hung: no result within 10 s, killed*",
+        ]
+    )
+    records = {e["record"]["test"].split("::")[1]: e["record"] for e in journal(reports)
+               if e["type"] == "record"}  # fmt: skip
+    assert {name: r["outcome"] for name, r in records.items()} == {
+        "test_segfault": "failed", "test_abort": "failed", "test_hang": "failed",
+        "test_fine": "passed",
+    }  # fmt: skip
+    assert records["test_fine"]["metrics"] == {"edge": 2.0**-25}  # measured in the worker
+    runs = statuses(reports)
+    assert [runs[n] for n in ("test_segfault", "test_abort", "test_hang")] == ["FAILED"] * 3
+    assert runs["test_fine"] == "FINISHED"
+
+
+def test_ctrl_c_ends_the_open_runs_as_killed_and_a_rerun_starts_clean(pytester):
+    pytester.makepyfile(**{"scenarios/test_slow": SLOW})
+    reports = pytester.path / "reports"
+    command = [sys.executable, "-m", "pytest", "scenarios", "--amp-device=cpu",
+               "-p", "no:cacheprovider", f"--amp-reports={reports}"]  # fmt: skip
+    session = subprocess.Popen(command, cwd=pytester.path, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (pytester.path / "started").exists():
+        assert time.monotonic() < deadline and session.poll() is None, "the test never started"
+        time.sleep(0.2)
+    session.send_signal(signal.SIGINT)
+    session.communicate(timeout=60)
+    assert session.returncode == pytest.ExitCode.INTERRUPTED
+    entries = journal(reports)
+    assert [e["type"] for e in entries] == ["session", "record", "session_end"]
+    assert entries[1]["record"]["outcome"] == "interrupted"
+    assert entries[2]["exitstatus"] == pytest.ExitCode.INTERRUPTED
+    runs = statuses(reports)
+    assert runs["test_slow"] == "KILLED" and list(runs.values()).count("KILLED") == 2
+
+    (pytester.path / "scenarios" / "test_slow.py").write_text(
+        SLOW.replace("time.sleep(600)", 'record.verdict("FMT-BITS", "confirmed", "5 + 10 bits")')
+    )
+    rerun = subprocess.run(command, cwd=pytester.path, capture_output=True, text=True,
+                           timeout=120, env={**os.environ})  # fmt: skip
+    assert rerun.returncode == 0, rerun.stdout[-2000:]
+    client = MlflowClient(f"sqlite:///{reports / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("amp-harness")
+    after = sorted(r.info.status for r in client.search_runs([experiment.experiment_id]))
+    assert after == ["FINISHED", "FINISHED", "KILLED", "KILLED"]  # the new session and its test
