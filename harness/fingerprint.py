@@ -64,7 +64,7 @@ def collect(device: DeviceInfo, root: Path) -> dict[str, str]:
         "git_commit": _git_commit(root),
     }
     facts.update({f"tf32.{k}": str(v) for k, v in tf32_flags().items()})
-    return {k: v or "n/a" for k, v in facts.items()}
+    return {k: str(v) or "n/a" for k, v in facts.items()}  # plain str: TorchVersion is not
 
 
 def label(facts: dict[str, str]) -> str:

@@ -6,6 +6,7 @@ tracking server or a killed session loses nothing: `amp-harness sync` replays th
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import warnings
@@ -36,9 +37,12 @@ class Journal:
     def append(self, entry: dict) -> None:
         line = json.dumps(entry, ensure_ascii=False, allow_nan=False)
         with self.path.open("a", encoding="utf-8") as f:
+            # pytest-xdist workers append to one journal: one whole line at a time.
+            fcntl.flock(f, fcntl.LOCK_EX)
             f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
+            fcntl.flock(f, fcntl.LOCK_UN)
 
     def entries(self) -> Iterator[dict]:
         """Every readable entry in order; a corrupt line is skipped with a warning."""

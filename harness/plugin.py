@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 import uuid
@@ -92,6 +93,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=900,
         help="seconds an isolated scenario test may run before it is killed (default 900)",
     )
+    group.addoption(
+        "--amp-gpu-per-worker",
+        action="store_true",
+        help="with pytest-xdist (-n N): give each worker a GPU of its own (CUDA_VISIBLE_DEVICES)",
+    )
     group.addoption(WORKER_FLAG, default=None, help=argparse.SUPPRESS)  # internal: a worker
     parser.addini(
         "amp_scenarios", "folder of scenario modules, relative to rootdir", default="scenarios"
@@ -122,6 +128,7 @@ class AmpSession:
     comparison: compare.Comparison | None = None
     current: Record | None = None  # the test running now: recorded as interrupted on Ctrl-C
     worker_reports: list[dict] = field(default_factory=list)  # in a worker: for the parent
+    shared: bool = False  # a pytest-xdist worker recording into its controller's session
 
     def is_scenario(self, path: Path) -> bool:
         return Path(path).resolve().is_relative_to(self.scenarios)
@@ -130,6 +137,15 @@ class AmpSession:
         """Called once scenario tests are collected; plain `pytest tests/` never tracks."""
         self.journal = Journal(self.reports / JOURNAL_NAME)
         self.journal.check_writable()
+        xdist = getattr(self.config, "workerinput", {})
+        if "amp_session" in xdist:  # a pytest-xdist worker: its controller opened the session
+            self.entry, self.shared = xdist["amp_session"], True
+            if not self.config.getoption("no_mlflow"):
+                uri = resolve_uri(self.config.getoption("tracking_uri"), self.reports)
+                self.sink = MlflowSink(uri, self.config.getoption("amp_experiment"), self.reports)
+                if xdist.get("amp_parent_run"):
+                    self.sink.adopt_parent(self.entry, xdist["amp_parent_run"])
+            return
         facts = fingerprint.collect(self.device, self.config.rootpath)
         self.open_baseline(facts)  # a bad baseline stops the session before anything is recorded
         started = time.time()
@@ -177,6 +193,18 @@ class AmpSession:
                 self.baseline_summary, session, labels=(str(self.baseline), "this session")
             )
 
+    def session_records(self) -> list[Record]:
+        """This session's records; a pytest-xdist controller reads its workers' from the
+        journal."""
+        if self.records or self.journal is None:
+            return self.records
+        sid = self.entry["session_id"]
+        return [
+            Record.from_dict(e["record"])
+            for e in self.journal.entries()
+            if e["type"] == "record" and e["session_id"] == sid
+        ]
+
     @property
     def worker_output(self) -> str | None:
         return self.config.getoption("amp_worker_output")
@@ -207,6 +235,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "isolated: run in its own process (a crash or a hang fails only this test); GPU tests "
         "are isolated without it",
     )
+    config.addinivalue_line(
+        "markers",
+        "timing: measures speed or memory; refuses to share its device with other xdist workers",
+    )
+    _pin_gpu(config)
     try:
         device = devices.resolve(config.getoption("amp_device"))
         catalogue()  # a malformed catalogue stops the session here, with its file and field
@@ -215,6 +248,60 @@ def pytest_configure(config: pytest.Config) -> None:
     reports = Path(config.getoption("amp_reports") or config.rootpath / "reports")
     scenarios = (config.rootpath / config.getini("amp_scenarios")).resolve()
     config.stash[_STATE] = AmpSession(config, device, reports.resolve(), scenarios)
+
+
+def _pin_gpu(config: pytest.Config) -> None:
+    """--amp-gpu-per-worker: this pytest-xdist worker sees only its own GPU (set before CUDA
+    starts in this process)."""
+    gpus = getattr(config, "workerinput", {}).get("amp_gpus")
+    if gpus is None:
+        return
+    index = int(config.workerinput["workerid"].removeprefix("gw"))
+    if index >= len(gpus):
+        raise pytest.UsageError(
+            f"--amp-gpu-per-worker: {config.workerinput['workercount']} xdist workers but "
+            f"{len(gpus)} GPU(s): use -n {len(gpus)} or fewer"
+        )
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index]
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    return config.pluginmanager.hasplugin("dsession")
+
+
+def _runs_scenarios(config: pytest.Config, scenarios: Path) -> bool:
+    paths = [config.invocation_params.dir / a.split("::")[0] for a in config.args]
+    return any(
+        p.resolve().is_relative_to(scenarios) or scenarios.is_relative_to(p.resolve())
+        for p in paths
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist starts its workers
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under pytest-xdist the controller opens the session (and creates the SQLite store:
+    workers creating it at once would corrupt it); the workers record into it."""
+    state = _state(session.config)
+    if _xdist_controller(session.config) and _runs_scenarios(session.config, state.scenarios):
+        try:
+            state.open_tracking()
+        except HarnessError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist: what each worker needs from the controller."""
+    state = _state(node.config)
+    if state.entry is not None:
+        node.workerinput["amp_session"] = state.entry
+        node.workerinput["amp_parent_run"] = state.sink.parent_run_id(state.entry) if (
+            state.sink and not state.sink.down) else None  # fmt: skip
+    if node.config.getoption("amp_gpu_per_worker"):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        count = torch.cuda.device_count()
+        node.workerinput["amp_gpus"] = visible.split(",") if visible else [
+            str(i) for i in range(count)]  # fmt: skip
 
 
 def _state(config: pytest.Config) -> AmpSession:
@@ -317,6 +404,20 @@ def _missing_requirement(item: pytest.Item, state: AmpSession) -> str | None:
     return None
 
 
+def _shared_device(item: pytest.Item, state: AmpSession) -> str | None:
+    """Why a timing scenario refuses to run: other pytest-xdist workers use its device."""
+    workers = int(getattr(item.config, "workerinput", {}).get("workercount", 1))
+    if item.get_closest_marker("timing") is None or workers < 2:
+        return None
+    if state.device.type == "cuda" and item.config.getoption("amp_gpu_per_worker"):
+        return None
+    return (
+        f"timing scenario refuses to share {state.device.describe()} with {workers - 1} other "
+        "pytest-xdist workers: its numbers would measure them too; run it with -n 0, or with "
+        "--amp-gpu-per-worker on a machine with a GPU per worker"
+    )
+
+
 def _isolated(item: pytest.Item, state: AmpSession) -> bool:
     mode = item.config.getoption("amp_isolate")
     if state.worker_output or mode == "none" or not state.is_scenario(item.path):
@@ -358,7 +459,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     item.stash[_RECORD] = state.current = _new_record(item, state)
     item.stash[_OUTCOME] = []
-    reason = _missing_requirement(item, state)
+    reason = _missing_requirement(item, state) or _shared_device(item, state)
     if reason:
         # A skip mark, not pytest.skip(): the report then points at the test, not here.
         item.add_marker(pytest.mark.skip(reason=reason))
@@ -424,8 +525,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if state.entry is None:
         return
     writer = terminalreporter._tw
-    if state.records:
-        terminalreporter.write(render(state.records, writer.fullwidth, writer.hasmarkup))
+    records = state.session_records()
+    if records:
+        terminalreporter.write(render(records, writer.fullwidth, writer.hasmarkup))
     terminalreporter.write_line(f"journal: {state.journal.path}")
     if state.sink is None:
         terminalreporter.write_line(
@@ -495,6 +597,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         record.outcome, record.message = "interrupted", f"session ended: {session.exitstatus!r}"
         record.ended = time.time()
         state.finish(record)
+    if state.shared:
+        return  # a pytest-xdist worker: the controller ends the session
     # Before the session's end is recorded: a regression that fails the session is its status.
     state.compare_with_baseline()
     if (
@@ -505,7 +609,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     ):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     counts: dict[str, int] = {}
-    for r in state.records:
+    for r in state.session_records():
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
     end = {
         "type": "session_end",

@@ -155,6 +155,13 @@ class MlflowSink:
         run = self.client.create_run(self._experiment(), int(session["started"] * 1000), tags)
         return run.info.run_id
 
+    def parent_run_id(self, session: dict) -> str | None:
+        """The session's parent run, once created (pytest-xdist workers log under it)."""
+        return self._parents.get(session["session_id"])
+
+    def adopt_parent(self, session: dict, run_id: str) -> None:
+        self._parents[session["session_id"]] = run_id
+
     def start_session(self, session: dict) -> None:
         self._guard("creating the session run", self._parent, session)
 

@@ -37,6 +37,9 @@ from harness import measure, memory_model, models, recipes
 from harness.measure import Ratio
 from harness.memory_model import GB, Breakdown
 
+# Timings and peaks: they refuse to share the GPU with other pytest-xdist workers.
+pytestmark = pytest.mark.timing
+
 # Heads 64 wide (memory_model.transformer_plan); 2048 tokens a step at every width, so that the
 # activations weigh as much as the weights at the smallest size and a tenth of them at the
 # largest: the measurements test both parts of the model. vocab / width = 8 at 1024, as at 7B.

@@ -32,6 +32,9 @@ from harness import gpus, measure, models, recipes
 from harness.measure import Comparison, Ratio
 from harness.models import TOLERANCE
 
+# Timings and peaks: they refuse to share the GPU with other pytest-xdist workers.
+pytestmark = pytest.mark.timing
+
 # --- decisions from measured speed-ups: pure functions, tested on the CPU by tests/test_gpus.py
 
 
