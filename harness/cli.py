@@ -52,7 +52,12 @@ def _report_after_run(reports: str, pytest_args: list[str]) -> None:
         return
     try:
         uri = resolve_uri(session.tracking_uri, Path(reports))
-        path = report.build(uri, report.report_dir(Path(reports)), session.amp_experiment)
+        path = report.build(
+            uri,
+            report.report_dir(Path(reports)),
+            session.amp_experiment,
+            _baseline_comparison(Path(reports), "auto"),
+        )
     except Exception as exc:  # MLflow down, nothing logged, ...: say why, keep the exit code
         print(f"report: not written ({exc}); retry with `amp-harness report`")
         return
@@ -203,9 +208,35 @@ def _sync(args: argparse.Namespace) -> int:
     return 0
 
 
+def _baseline_comparison(reports: Path, spec: str) -> str | list[dict] | None:
+    """The report's comparison: the journal's last session against a baseline (`auto`: the
+    one `baseline save` names for that session's environment), or why there is none."""
+    if spec == "none":
+        return None
+    try:
+        label, last = compare.load("last", Journal(reports / JOURNAL_NAME))
+        path = Path(spec) if spec != "auto" else compare.auto_path(
+            reports / "baselines", last["fingerprint"])  # fmt: skip
+        result = compare.compare(compare.read_baseline(path), last, labels=(str(path), label))
+    except HarnessError as exc:  # no session, no baseline, a bad one: the report says so
+        return f"no comparison: {exc}"
+    rows = [{"change": "verdict", "what": v.describe()} for v in result.verdicts]
+    rows += [
+        {"change": "metric, flagged" if m.flagged else "metric", "what": m.describe()}
+        for m in result.metrics
+    ]
+    compared = f"{result.compared['verdicts']} verdicts, {result.compared['metrics']} metrics"
+    return rows or f"{label} against {path}: no verdict changed, no metric moved ({compared})"
+
+
 def _report(args: argparse.Namespace) -> int:
     uri = resolve_uri(args.tracking_uri, Path(args.reports))
-    path = report.build(uri, report.report_dir(Path(args.reports), args.name), args.experiment)
+    path = report.build(
+        uri,
+        report.report_dir(Path(args.reports), args.name),
+        args.experiment,
+        _baseline_comparison(Path(args.reports), args.baseline),
+    )
     print(f"report written: {path} (summary.md and the figures beside it)")
     return 0
 
@@ -287,6 +318,13 @@ def parser() -> argparse.ArgumentParser:
         "--name",
         default=report.DEFAULT_NAME,
         help=f"folder under REPORTS (default: {report.DEFAULT_NAME}, replaced by each build)",
+    )
+    rep.add_argument(
+        "--baseline",
+        default="auto",
+        metavar="PATH|auto|none",
+        help="compare the last session with this baseline file (default auto: the one "
+        "`baseline save` names for its environment, under REPORTS/baselines)",
     )
     base = command("baseline", "save a session's verdicts and key metrics as a baseline file")
     base.add_argument("action", choices=["save"])

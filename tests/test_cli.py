@@ -27,13 +27,13 @@ def test_help_lists_every_command():
         assert command in text
 
 
-def test_list_json_and_baseline_after_a_run(tmp_path):
+def test_run_list_baseline_and_report(tmp_path):
     shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
     shutil.copy(REPO / "tox.ini", tmp_path)
-    ran = amp("run", "--no-mlflow", "--amp-device=cpu", "-k", "bytes", "-p", "no:cacheprovider",
-              cwd=tmp_path)  # fmt: skip
+    ran = amp("run", "--amp-device=cpu", "-k", "bytes", "-p", "no:cacheprovider", cwd=tmp_path)
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
     assert "Where to look next" in ran.stdout
+    assert "report: " in ran.stdout and (tmp_path / "reports/report/index.html").exists()
     listed = amp("list", "--json", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     rows = {row["id"]: row for row in json.loads(listed.stdout)}
@@ -44,14 +44,20 @@ def test_list_json_and_baseline_after_a_run(tmp_path):
     assert rows["FMT-BITS"]["last_verdict"] is None  # not run by `-k bytes`
     assert [c for c, row in rows.items() if not row["tests"]] == []  # every claim has a scenario
 
-    saved = amp("baseline", "save", "--out", str(tmp_path / "baselines"), cwd=tmp_path)
+    saved = amp("baseline", "save", cwd=tmp_path)
     assert saved.returncode == 0, saved.stderr
-    (path,) = (tmp_path / "baselines").glob("cpu-*_torch-*.json")
+    (path,) = (tmp_path / "reports" / "baselines").glob("cpu-*_torch-*.json")
     summary = json.loads(path.read_text())
     assert summary["complete"] and summary["fingerprint"]["device"] == "cpu"
     assert [v["claim"] for v in summary["verdicts"]] == ["FMT-BYTES"]
     (test,) = summary["tests"].values()
     assert test["outcome"] == "passed" and test["metrics"]
+
+    # The report compares the last session with that baseline, found by its environment.
+    reported = amp("report", cwd=tmp_path)
+    assert reported.returncode == 0, reported.stderr
+    page = (tmp_path / "reports" / "report" / "index.html").read_text()
+    assert "no verdict changed, no metric moved (1 verdicts" in page
 
 
 def test_baseline_without_a_session_says_what_to_do(tmp_path, capsys):
