@@ -92,18 +92,20 @@ def _rank_main(target, args, rank, world_size, backend, folder: str, timeout_s: 
             timeout=timedelta(seconds=timeout_s),
         )  # fmt: skip
         outcome = {"result": target(_context(rank, world_size, backend, rank), *args)}
+        (folder / f"rank{rank}.pickle").write_bytes(pickle.dumps(outcome))
+        dist.barrier()  # no rank leaves while another is still inside a collective
     except BaseException as exc:  # reported to the parent, with the traceback
-        # Timed before the process group is torn down, which makes the other ranks fail too.
+        # Timed before this rank exits, which makes the other ranks fail too.
         outcome = {
             "error": f"{type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc(),
             "when": time.time(),
         }
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    (folder / f"rank{rank}.pickle").write_bytes(pickle.dumps(outcome))
-    if "error" in outcome:
-        os._exit(1)
+        (folder / f"rank{rank}.pickle").write_bytes(pickle.dumps(outcome))
+    # Leave without tearing the process group down: gloo's teardown races a peer that has
+    # already gone ("terminate called without an active exception", SIGABRT, seen here once in
+    # a few hundred runs). The result is written; the OS closes the sockets.
+    os._exit(1 if "error" in outcome else 0)
 
 
 def _loopback_interface() -> str:
@@ -182,12 +184,15 @@ def _wait(processes, folder: Path, deadline: float, timeout_s: float) -> list[st
         if process.is_alive():
             process.kill()
             process.join()
+            when = time.time()
             if first is not None:
                 cause = f"stopped after rank {first} failed"
+            elif (folder / f"rank{rank}.pickle").exists():  # done, waiting for the others
+                cause, when = "finished and waited for the other ranks", when + 1  # listed last
             else:
                 output = _tail(folder / f"rank{rank}.log") or "(none)"
                 cause = f"hung: no result within {timeout_s:g} s; last output: {output}"
-            failed.setdefault(rank, (time.time(), cause))
+            failed.setdefault(rank, (when, cause))
         else:
             process.join()
             if process.exitcode != 0 and rank not in failed:
