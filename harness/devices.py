@@ -62,19 +62,18 @@ class DeviceInfo:
     def missing(self, *needs: str, gpus: int = 0) -> str | None:
         """Why this device cannot run something that needs `needs`, or None if it can."""
         for need in needs:
-            if need == "cuda" and self.type != "cuda":
-                return (
-                    _no_cuda_reason()
-                    if self.gpu_count == 0
-                    else (
-                        "needs CUDA: this session runs on the CPU (pass --amp-device cuda or auto)"
-                    )
-                )
             if need not in CAPABILITY_TEXT:
                 raise HarnessError(
                     f"unknown capability {need!r}: known are {', '.join(sorted(CAPABILITY_TEXT))}"
                 )
-            if need != "cuda" and not self.capabilities.get(need, False):
+            if need == "cuda":
+                if self.type != "cuda" and self.gpu_count == 0:
+                    return _no_cuda_reason()
+                if self.type != "cuda":
+                    return (
+                        "needs CUDA: this session runs on the CPU (pass --amp-device cuda or auto)"
+                    )
+            elif not self.capabilities.get(need, False):
                 return f"needs {CAPABILITY_TEXT[need]}: not available on {self.describe()}"
         if gpus > self.gpu_count:
             return f"needs {gpus} CUDA GPUs, found {self.gpu_count}"

@@ -62,6 +62,10 @@ class Ratio:
             return "below"
         return "undecided"
 
+    def as_metrics(self, name: str) -> dict[str, float]:
+        """The ratio and its interval as flat metrics: `name`, `name.low`, `name.high`."""
+        return {name: self.value, f"{name}.low": self.low, f"{name}.high": self.high}
+
     def describe(self) -> str:
         return (
             f"{self.value:.3g}x ({self.confidence:.0%} CI {self.low:.3g}-{self.high:.3g}, "
@@ -145,6 +149,15 @@ def benchmark_extra_info(benchmark, **ratios: Ratio) -> None:
     """Put ratios (value and interval) where `pytest --benchmark-json` and
     `--benchmark-compare` keep them, beside the benchmark's own timing of one arm."""
     for name, ratio in ratios.items():
-        benchmark.extra_info[name] = ratio.value
-        benchmark.extra_info[f"{name}.low"] = ratio.low
-        benchmark.extra_info[f"{name}.high"] = ratio.high
+        benchmark.extra_info.update(ratio.as_metrics(name))
+
+
+def pedantic(benchmark, fn: Callable[[], object], device_type: str, rounds: int, warmup: int):
+    """pytest-benchmark's own timing of one arm; it reads a wall clock, so each call waits for
+    the device (otherwise it would time the kernel launches only)."""
+
+    def synchronized() -> None:
+        fn()
+        _sync(device_type)
+
+    return benchmark.pedantic(synchronized, rounds=rounds, warmup_rounds=warmup)

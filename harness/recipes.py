@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -150,6 +151,16 @@ class Precision:
     def __exit__(self, *exc) -> None:
         torch.backends.cuda.matmul.allow_tf32 = self._saved_tf32["cuda.matmul.allow_tf32"]
         torch.backends.cudnn.allow_tf32 = self._saved_tf32["cudnn.allow_tf32"]
+
+    def wrap(self, fn: Callable[[], object]) -> Callable[[], None]:
+        """`fn` as a timing arm: each call runs with this recipe's TF32 flags set, then restored
+        (arms of several recipes interleave in one process)."""
+
+        def run() -> None:
+            with self:
+                fn()
+
+        return run
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(device=self.device.torch_device, dtype=self.recipe.param_dtype)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import gc
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -362,26 +361,6 @@ def speed_verdict(speedup: Ratio) -> str:
     return "inconclusive"
 
 
-def _synced(fn: Callable[[], object]) -> Callable[[], None]:
-    """For pytest-benchmark's wall clock: wait for the GPU, or it times the launch only."""
-
-    def run() -> None:
-        fn()
-        torch.cuda.synchronize()
-
-    return run
-
-
-def _within(precision: recipes.Precision, step: Callable[[], None]) -> Callable[[], None]:
-    """`step` run with the recipe's TF32 flags, set and restored around every call."""
-
-    def run() -> None:
-        with precision:
-            step()
-
-    return run
-
-
 @pytest.mark.claim("HDL-SPEED")
 @pytest.mark.requires("cuda", "tf32", "fp16_autocast", "grad_scaler", "bf16_autocast")
 def test_amp_speedup_of_a_training_step(record, amp_device, benchmark):
@@ -392,9 +371,8 @@ def test_amp_speedup_of_a_training_step(record, amp_device, benchmark):
     model, optimizer = _setup(spec, precisions["fp32"])
     tokens, targets = _batch(amp_device.torch_device)
     arms = {
-        arm: _within(
-            precision,
-            functools.partial(_train_step, model, precision, optimizer, tokens, targets),
+        arm: precision.wrap(
+            functools.partial(_train_step, model, precision, optimizer, tokens, targets)
         )
         for arm, precision in precisions.items()
     }
@@ -441,7 +419,7 @@ def test_amp_speedup_of_a_training_step(record, amp_device, benchmark):
         f"{ratios['tf32_over_fp32'].describe()}; control fp32 over itself {control.describe()}",
     )
     measure.benchmark_extra_info(benchmark, **ratios)
-    benchmark.pedantic(_synced(arms["amp-fp16"]), rounds=5, warmup_rounds=1)
+    measure.pedantic(benchmark, arms["amp-fp16"], amp_device.type, rounds=5, warmup=1)
 
     for arm in ("amp-fp16", "amp-bf16"):
         ratio = ratios[f"{arm}_over_fp32"]

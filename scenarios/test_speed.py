@@ -230,16 +230,6 @@ def _fp8_unsupported(amp_device) -> str | None:
     return None
 
 
-def _within(precision: recipes.Precision, fn: Callable[[], object]) -> Callable[[], None]:
-    """`fn` run with the recipe's TF32 flags, set and restored around every call."""
-
-    def run() -> None:
-        with precision:
-            fn()
-
-    return run
-
-
 def _matmul_arms(amp_device, fp8: bool) -> dict[str, Callable[[], None]]:
     device = amp_device.torch_device
     a, b = _random((MATMUL_N, MATMUL_N), device, 0), _random((MATMUL_N, MATMUL_N), device, 1)
@@ -247,13 +237,13 @@ def _matmul_arms(amp_device, fp8: bool) -> dict[str, Callable[[], None]]:
     # would run in strict fp32, not borrow TF32's tensor cores.
     strict = recipes.get("fp32").bind(amp_device)
     arms = {
-        "fp32": _within(strict, partial(torch.mm, a, b)),
-        "tf32": _within(recipes.get("tf32").bind(amp_device), partial(torch.mm, a, b)),
+        "fp32": strict.wrap(partial(torch.mm, a, b)),
+        "tf32": recipes.get("tf32").bind(amp_device).wrap(partial(torch.mm, a, b)),
     }
     for fmt in ("fp16", "bf16"):
-        arms[fmt] = _within(strict, partial(torch.mm, _lowered(a, fmt), _lowered(b, fmt)))
+        arms[fmt] = strict.wrap(partial(torch.mm, _lowered(a, fmt), _lowered(b, fmt)))
     if fp8:
-        arms["fp8"] = _within(strict, _fp8_matmul(a, b))
+        arms["fp8"] = strict.wrap(_fp8_matmul(a, b))
     return arms
 
 
@@ -266,20 +256,6 @@ def _add_arms(amp_device) -> tuple[dict[str, Callable[[], object]], dict[str, in
         arms[fmt] = partial(torch.add, x, y, out=torch.empty_like(x))
         moved[fmt] = 3 * x.numel() * x.element_size()  # two tensors read, one written
     return arms, moved
-
-
-def _synced(fn: Callable[[], object]) -> Callable[[], None]:
-    """For pytest-benchmark's wall clock: wait for the GPU, or it times the launch only."""
-
-    def run() -> None:
-        fn()
-        torch.cuda.synchronize()
-
-    return run
-
-
-def _ratio_metrics(name: str, ratio: Ratio) -> dict[str, float]:
-    return {name: ratio.value, f"{name}.low": ratio.low, f"{name}.high": ratio.high}
 
 
 def _of_peak(achieved: float, peak: float | None, unit: str) -> str:
@@ -331,9 +307,9 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
         **{
             metric: value
             for name, ratio in speedups.items()
-            for metric, value in _ratio_metrics(f"matmul.{name}", ratio).items()
+            for metric, value in ratio.as_metrics(f"matmul.{name}").items()
         },
-        **_ratio_metrics("add.fp16_over_fp32", add_speedup),
+        **add_speedup.as_metrics("add.fp16_over_fp32"),
     )
 
     verdict, reason = verdict_fmt_speed(vs_fp32, vs_tf32, SPEED_BAND)
@@ -354,7 +330,7 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
     measure.benchmark_extra_info(
         benchmark, fp16_over_fp32=vs_fp32, fp16_over_tf32=vs_tf32, add_fp16_over_fp32=add_speedup
     )
-    benchmark.pedantic(_synced(arms["fp16"]), rounds=10, warmup_rounds=2)
+    measure.pedantic(benchmark, arms["fp16"], amp_device.type, rounds=10, warmup=2)
 
     assert vs_fp32.decide(1.0) == "above", (
         f"FMT-SPEED: predicted the fp16 matmul faster than fp32 (TF32 off), got "
@@ -515,7 +491,7 @@ def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
         arms = _training_arms(size, amp_device)
         comparisons[size.label] = measure.compare(arms, amp_device.type, size.rounds, size.warmup)
         if size == SIZES[-1]:
-            benchmark.pedantic(_synced(arms["amp-bf16"]), rounds=3, warmup_rounds=1)
+            measure.pedantic(benchmark, arms["amp-bf16"], amp_device.type, rounds=3, warmup=1)
         del arms  # five models with their AdamW states: ~60 GB at 1B
         torch.cuda.empty_cache()
 
@@ -550,7 +526,7 @@ def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
             metric: value
             for name, ratios in series.items()
             for size, ratio in zip(SIZES, ratios, strict=True)
-            for metric, value in _ratio_metrics(f"{size.label}/{name}", ratio).items()
+            for metric, value in ratio.as_metrics(f"{size.label}/{name}").items()
         },
         **{
             f"{size.label}/{arm}.tflops": _model_tflops(count, tokens, comparisons[size.label], arm)

@@ -69,7 +69,7 @@ def test_ratios_reach_the_benchmark_json(pytester, tmp_path):
             comparison = measure.compare({"a": lambda: time.sleep(0.002),
                                           "b": lambda: time.sleep(0.001)}, "cpu", rounds=5)
             measure.benchmark_extra_info(benchmark, a_over_b=comparison.ratio("a", "b"))
-            benchmark.pedantic(lambda: time.sleep(0.001), rounds=3)
+            measure.pedantic(benchmark, lambda: time.sleep(0.001), "cpu", rounds=3, warmup=1)
         """
     )
     out = tmp_path / "bench.json"

@@ -79,3 +79,16 @@ def test_an_inf_gradient_is_a_skipped_step_with_a_backed_off_scale():
     precision, report = one_step("amp-fp16", loss_factor=float("inf"))
     assert report.skipped and report.scale == 65536.0
     assert precision.scaler.get_scale() == 32768.0
+
+
+def test_a_wrapped_timing_arm_runs_with_its_recipes_tf32_flags():
+    seen = []
+    arm = recipes.get("fp32").bind(CPU).wrap(lambda: seen.append(recipes.tf32_flags()))
+    before = recipes.tf32_flags()
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        arm()
+        assert seen == [{"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}]
+        assert torch.backends.cudnn.allow_tf32 is True  # restored after the call
+    finally:
+        torch.backends.cudnn.allow_tf32 = before["cudnn.allow_tf32"]
