@@ -26,19 +26,22 @@ from harness.record import Record
 TAIL_LINES = 15
 
 
-def worker_command(item: pytest.Item, device_type: str, output: Path) -> list[str]:
+def worker_command(item: pytest.Item, device_type: str, reports: Path, output: Path) -> list[str]:
     """The pytest command line that reruns `item` alone with the same harness options."""
     config = item.config
     options = [
         f"--amp-device={device_type}",
         f"--amp-cpu-threads={config.getoption('amp_cpu_threads')}",
-        f"--amp-reports={config.getoption('amp_reports') or config.rootpath / 'reports'}",
+        f"--amp-reports={reports}",  # figures go where the parent's records point
         f"--amp-worker-output={output}",
     ]
-    args = config.invocation_params.args
     # Plugins and warning filters given on the command line apply in the worker too.
-    passed = [a for i, a in enumerate(args) if a.startswith(("-p", "-W")) or (
-        i > 0 and args[i - 1] in ("-p", "-W"))]  # fmt: skip
+    args = config.invocation_params.args
+    passed = [
+        arg
+        for previous, arg in zip([None, *args], args, strict=False)  # previous: one behind
+        if arg.startswith(("-p", "-W")) or previous in ("-p", "-W")
+    ]
     if not config.pluginmanager.has_plugin("amp_harness") and "harness.plugin" not in passed:
         passed += ["-p", "harness.plugin"]  # the plugin was not loaded by its entry point
     path, _, rest = item.nodeid.partition("::")
@@ -51,7 +54,7 @@ def worker_command(item: pytest.Item, device_type: str, output: Path) -> list[st
 
 
 def run(
-    item: pytest.Item, device_type: str, timeout_s: float
+    item: pytest.Item, device_type: str, reports: Path, timeout_s: float
 ) -> tuple[list[pytest.TestReport], Record | None]:
     """Run `item` in a worker; its reports (or ones describing how it died) and its record."""
     with tempfile.TemporaryDirectory(prefix="amp-worker-") as tmp:
@@ -60,9 +63,12 @@ def run(
         started = time.time()
         with log.open("wb") as sink:
             process = subprocess.Popen(
-                worker_command(item, device_type, output), cwd=item.config.invocation_params.dir,
-                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                worker_command(item, device_type, reports, output),
+                cwd=item.config.invocation_params.dir,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             try:
                 code = process.wait(timeout=timeout_s)
                 cause = None if output.exists() else _exit_cause(code)

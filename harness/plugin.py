@@ -425,10 +425,9 @@ def _isolated(item: pytest.Item, state: AmpSession) -> bool:
     if mode == "all":
         return True
     gpu = any("cuda" in marker.args for marker in item.iter_markers("requires"))
+    marked = gpu or item.get_closest_marker("isolated") is not None
     # A test this device cannot run skips in-process: no worker for a skip.
-    return (gpu or item.get_closest_marker("isolated") is not None) and not _missing_requirement(
-        item, state
-    )
+    return marked and not _missing_requirement(item, state)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -440,7 +439,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return None  # pytest's own protocol, in this process
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     state.current = _new_record(item, state)
-    reports, record = isolation.run(item, state.device.type, item.config.getoption("amp_timeout"))
+    reports, record = isolation.run(
+        item, state.device.type, state.reports, item.config.getoption("amp_timeout")
+    )
     for report in reports:
         item.ihook.pytest_runtest_logreport(report=report)
     if record is None:  # the worker died: what it had measured is lost, the failure is not
