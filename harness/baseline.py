@@ -13,24 +13,13 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.journal import Journal
-from harness.record import Record
 
 FORMAT = 1
 
 
 def summarize(journal: Journal, session_id: str | None = None) -> dict:
     """The verdicts and scalar metrics of one session (the last one by default)."""
-    sessions: dict[str, dict] = {}
-    records: dict[str, list[Record]] = {}
-    ended: dict[str, dict] = {}
-    for entry in journal.entries():
-        sid = entry.get("session_id")
-        if entry["type"] == "session":
-            sessions[sid] = entry
-        elif entry["type"] == "record":
-            records.setdefault(sid, []).append(Record.from_dict(entry["record"]))
-        elif entry["type"] == "session_end":
-            ended[sid] = entry
+    sessions = journal.sessions()
     if not sessions:
         raise HarnessError(f"{journal.path}: no session recorded yet: run `amp-harness run` first")
     if session_id is None:
@@ -43,18 +32,18 @@ def summarize(journal: Journal, session_id: str | None = None) -> dict:
     return {
         "format": FORMAT,
         "session_id": session_id,
-        "name": session["name"],
-        "started": session["started"],
-        "complete": session_id in ended,
-        "fingerprint": session["fingerprint"],
+        "name": session.entry["name"],
+        "started": session.entry["started"],
+        "complete": session.end is not None,
+        "fingerprint": session.entry["fingerprint"],
         "verdicts": [
             {"claim": v.claim, "verdict": v.verdict, "evidence": v.evidence, "test": r.test}
-            for r in records.get(session_id, [])
+            for r in session.records
             for v in r.verdicts.values()
         ],
         "tests": {
             r.test: {"outcome": r.outcome, "metrics": r.to_dict()["metrics"]}  # inf/NaN as text
-            for r in records.get(session_id, [])
+            for r in session.records
         },
     }
 

@@ -13,7 +13,6 @@ from harness import baseline, compare, report
 from harness.claims import catalogue
 from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
-from harness.record import Record
 from harness.tracking import ARTIFACTS_NAME, DEFAULT_EXPERIMENT, MlflowSink, resolve_uri
 
 NEXT_STEPS = """
@@ -92,10 +91,10 @@ def _collect_tests(scenarios: str) -> dict[str, list[str]]:
 
 def _last_verdicts(reports: str) -> dict[str, dict]:
     last: dict[str, dict] = {}
-    for entry in Journal(Path(reports) / JOURNAL_NAME).entries():
-        if entry["type"] != "record":
-            continue
-        record = Record.from_dict(entry["record"])
+    records = (
+        r for s in Journal(Path(reports) / JOURNAL_NAME).sessions().values() for r in s.records
+    )
+    for record in records:
         for v in record.verdicts.values():
             last[v.claim] = {
                 "verdict": v.verdict,

@@ -11,11 +11,22 @@ import json
 import os
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.record import Record
 
 JOURNAL_NAME = "journal.jsonl"
+
+
+@dataclass
+class Session:
+    """One session as the journal holds it: its opening entry, its records, its end if any."""
+
+    entry: dict
+    records: list[Record] = field(default_factory=list)
+    end: dict | None = None
 
 
 class Journal:
@@ -63,3 +74,17 @@ class Journal:
                     )
                     continue
                 yield entry
+
+    def sessions(self) -> dict[str, Session]:
+        """Every session, in the order they began, by id; a record whose session entry is
+        missing (a corrupt line) belongs to none and is left out."""
+        found: dict[str, Session] = {}
+        for entry in self.entries():
+            session = found.get(entry.get("session_id"))
+            if entry["type"] == "session":
+                found[entry["session_id"]] = Session(entry)
+            elif session and entry["type"] == "record":
+                session.records.append(Record.from_dict(entry["record"]))
+            elif session and entry["type"] == "session_end":
+                session.end = entry
+        return found

@@ -198,12 +198,7 @@ class AmpSession:
         journal."""
         if self.records or self.journal is None:
             return self.records
-        sid = self.entry["session_id"]
-        return [
-            Record.from_dict(e["record"])
-            for e in self.journal.entries()
-            if e["type"] == "record" and e["session_id"] == sid
-        ]
+        return self.journal.sessions()[self.entry["session_id"]].records
 
     @property
     def worker_output(self) -> str | None:

@@ -226,34 +226,22 @@ class MlflowSink:
     def sync(self, journal: Journal) -> dict[str, int]:
         """Send MLflow what the journal has and MLflow lacks; idempotent."""
         counts = {"sessions": 0, "records_sent": 0, "records_present": 0}
-        sessions: dict[str, dict] = {}
-        records: dict[str, list[Record]] = {}
-        ends: dict[str, dict] = {}
-        for entry in journal.entries():
-            if entry["type"] == "session":
-                sessions[entry["session_id"]] = entry
-            elif entry["type"] == "record":
-                records.setdefault(entry["session_id"], []).append(
-                    Record.from_dict(entry["record"])
-                )
-            elif entry["type"] == "session_end":
-                ends[entry["session_id"]] = entry
-        for sid, session in sessions.items():
+        for sid, session in journal.sessions().items():
             present = self._guard("reading the runs already logged", self._runs, sid, "test")
             if present is None:
                 break
             counts["sessions"] += 1
             logged = {run.data.tags.get("amp.record_id") for run in present}
-            for record in records.get(sid, []):
+            for record in session.records:
                 if record.record_id in logged:
                     counts["records_present"] += 1
                     continue
-                self.log_record(session, record)
+                self.log_record(session.entry, record)
                 if self.down:
                     break
                 counts["records_sent"] += 1
-            if sid in ends and not self.down:
-                self.end_session(session, ends[sid])
+            if session.end and not self.down:
+                self.end_session(session.entry, session.end)
         if self.down:
             raise HarnessError(f"sync stopped: MLflow at {self.uri}: {self.down}")
         return counts
