@@ -1,3 +1,9 @@
-"""amp-harness: every claim of an AMP article as an executable scenario, verdicts in MLflow."""
+"""amp-harness: every claim of an AMP article as an executable scenario, verdicts in MLflow.
+
+PYTEST_DONT_REWRITE: `amp-harness run` imports this package before it starts pytest in the same
+process, and pytest asks to rewrite the asserts of an installed plugin's package; already
+imported, it cannot, and its warning is an error under this project's warning filters. The
+package's own checks raise HarnessError, not assert, so there is nothing to rewrite.
+"""
 
 __version__ = "0.1.0"

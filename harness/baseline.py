@@ -62,6 +62,11 @@ def filename(fingerprint: dict[str, str]) -> str:
 
 
 def save(summary: dict, folder: Path) -> Path:
+    if not summary["verdicts"]:  # a session that stopped early: later runs would all "regress"
+        raise HarnessError(
+            f"session {summary['name']!r} ({summary['session_id']}) recorded no verdict in "
+            f"{len(summary['tests'])} tests: not saved as a baseline; its pytest output says why"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / filename(summary["fingerprint"])
     text = json.dumps(summary, ensure_ascii=False, indent=1, allow_nan=False)

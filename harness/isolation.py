@@ -3,9 +3,10 @@
 A segfault, an abort, a CUDA error or a hang in a scenario must not take the session down.
 The parent runs `python -m pytest NODEID --amp-worker-output FILE` in a new process group; the
 worker runs the test as usual, without tracking, and writes its test reports and its record to
-FILE. The parent replays the reports to its own terminal and tracking; if the worker died or
-ran past the timeout, the parent writes the failure itself: the signal or exit code and the last
-lines of output.
+FILE. The parent replays the reports to its own terminal and tracking, and adopts the worker's
+pytest-benchmark results, so that --benchmark-json and --benchmark-compare see them; if the worker
+died or ran past the timeout, the parent writes the failure itself: the signal or exit code and
+the last lines of output.
 """
 
 from __future__ import annotations
@@ -18,12 +19,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from harness.record import Record
 
 TAIL_LINES = 15
+
+
+def _benchmark_session(config: pytest.Config):
+    """pytest-benchmark's session, where it keeps the results it shows, saves and compares; None
+    when the plugin is absent or off (--benchmark-disable, or under pytest-xdist)."""
+    session = getattr(config, "_benchmarksession", None)
+    return session if session is not None and not session.disabled else None
 
 
 def worker_command(item: pytest.Item, device_type: str, reports: Path, output: Path) -> list[str]:
@@ -35,6 +44,12 @@ def worker_command(item: pytest.Item, device_type: str, reports: Path, output: P
         f"--amp-reports={reports}",  # figures go where the parent's records point
         f"--amp-worker-output={output}",
     ]
+    if getattr(config, "_benchmarksession", None) is not None:  # pytest-benchmark is loaded
+        # Benchmarks run in the worker as in the parent, and come back through a file.
+        on = _benchmark_session(config)
+        options.append(
+            f"--benchmark-json={_benchmarks_file(output)}" if on else "--benchmark-disable"
+        )
     # Plugins and warning filters given on the command line apply in the worker too.
     args = config.invocation_params.args
     passed = [
@@ -86,9 +101,35 @@ def run(
                 for d in data["reports"]
             ]
             record = Record.from_dict(data["record"]) if data["record"] else None
+            _adopt_benchmarks(item.config, _benchmarks_file(output))
             return reports, record
         message = f"{item.nodeid} {cause}; last output:\n" + _last_words(log)
         return _died(item, message, started), None
+
+
+def _benchmarks_file(output: Path) -> Path:
+    return output.with_name("benchmark.json")
+
+
+def _adopt_benchmarks(config: pytest.Config, path: Path) -> None:
+    """Add the benchmarks a worker saved to the parent's pytest-benchmark session, rebuilt as the
+    plugin's own records (its Metadata) from the timings in the worker's JSON."""
+    session = _benchmark_session(config)
+    if session is None or not path.exists():
+        return
+    from pytest_benchmark.stats import Metadata
+
+    for saved in json.loads(path.read_text())["benchmarks"]:
+        fixture = SimpleNamespace(
+            **{key: saved[key] for key in ("name", "fullname", "group", "param", "params")},
+            extra_info=saved["extra_info"],
+            cprofile_stats=None,
+            has_error=False,
+        )
+        adopted = Metadata(fixture, saved["stats"]["iterations"], saved["options"])
+        for seconds in saved["stats"]["data"]:  # per iteration already
+            adopted.stats.update(seconds)
+        session.benchmarks.append(adopted)
 
 
 def _last_words(log: Path) -> str:

@@ -78,8 +78,13 @@ def client(uri: str):
     """An MlflowClient whose calls are bounded (MLFLOW_ENV), for every reader and writer."""
     for key, value in MLFLOW_ENV.items():
         os.environ.setdefault(key, value)
-    from mlflow import MlflowClient  # imported here: it takes seconds
-
+    try:
+        from mlflow import MlflowClient  # imported here: it takes seconds
+    except ImportError as exc:  # e.g. an offline GPU runner's wheelhouse missing a requirement
+        raise HarnessError(
+            f"MLflow cannot be imported ({exc}): install it with its requirements "
+            "(`pip install -e .` does), or pass --no-mlflow to record to the journal only"
+        ) from exc
     return MlflowClient(tracking_uri=uri)
 
 
@@ -101,8 +106,12 @@ class MlflowSink:
             if reports and uri.startswith("sqlite:")
             else None
         )
-        self.client = client(uri)
         self.down: str | None = None
+        try:
+            self.client = client(uri)
+        except HarnessError as exc:  # the session goes on, on the journal alone
+            self.client, self.down = None, str(exc)
+            log.warning("MLflow at %s: %s", uri, self.down)
         self._experiment_id: str | None = None
         self._parents: dict[str, str] = {}  # session id -> parent run id
 

@@ -210,7 +210,8 @@ def _lowered(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 def _fp8_matmul(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
     """a @ b in float8_e4m3fn with unit scales and bfloat16 output (cuBLASLt's fp8 GEMM)."""
-    a8, b8 = _lowered(a, "fp8"), _lowered(b, "fp8").t()  # the second operand column-major
+    # cuBLASLt takes the second operand column-major: b's values, stored transposed.
+    a8, b8 = _lowered(a, "fp8"), _lowered(b, "fp8").t().contiguous().t()
     one = torch.ones((), device=a.device)
     return partial(torch._scaled_mm, a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 

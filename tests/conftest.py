@@ -43,7 +43,7 @@ def run_scenario(pytester: pytest.Pytester):
     # measurement and not what the device is said to be capable of (a skip instead of a failure).
     devices.probe("cpu")
 
-    def run(module: str, *args: str) -> pytest.RunResult:
+    def run(module: str, *args: str, plugins: tuple = ()) -> pytest.RunResult:
         target = pytester.path / "scenarios"
         target.mkdir(exist_ok=True)
         shutil.copy(REPO / "scenarios" / module, target / module)
@@ -56,6 +56,7 @@ def run_scenario(pytester: pytest.Pytester):
             "-p",
             "no:cacheprovider",
             *args,
+            plugins=list(plugins),
         )
 
     return run

@@ -65,6 +65,17 @@ def test_baseline_without_a_session_says_what_to_do(tmp_path, capsys):
     assert "no session recorded yet: run `amp-harness run` first" in capsys.readouterr().err
 
 
+def test_a_session_without_verdicts_is_not_saved_as_a_baseline(tmp_path, capsys):
+    # A session that stopped at collection (seen: a GPU run whose MLflow did not import).
+    session = {"type": "session", "session_id": "s1", "name": "n", "started": 0.0, "args": [],
+               "fingerprint": {"device": "cpu", "cpu": "x86_64", "torch": "2.11.0"}}  # fmt: skip
+    (tmp_path / "journal.jsonl").write_text(json.dumps(session) + "\n")
+    code = cli.main(["baseline", "save", "--reports", str(tmp_path), "--out", str(tmp_path)])
+    assert code == 2
+    assert "recorded no verdict in 0 tests: not saved" in capsys.readouterr().err
+    assert not list(tmp_path.glob("cpu-*.json"))
+
+
 def test_run_outside_a_checkout_says_where_to_run(tmp_path, capsys):
     assert cli.main(["run", "--scenarios", str(tmp_path / "nowhere")]) == 2
     assert "no scenario folder" in capsys.readouterr().err

@@ -88,6 +88,33 @@ def test_crashes_and_hangs_fail_alone_with_the_reason(pytester):
     assert runs["test_fine"] == "FINISHED"
 
 
+BENCHMARKED = """
+import pytest
+
+@pytest.mark.isolated
+@pytest.mark.claim("FMT-BYTES")
+def test_timed(record, benchmark):
+    benchmark.extra_info["fp16_over_fp32"] = 2.5
+    benchmark.pedantic(sum, args=(range(1000),), rounds=7, warmup_rounds=1)
+    record.verdict("FMT-BYTES", "confirmed", "2 bytes against 4")
+"""
+
+
+def test_benchmarks_of_an_isolated_test_reach_the_sessions_json_and_table(pytester):
+    # The GPU scenarios run isolated; their pytest-benchmark results live in the worker.
+    pytester.makepyfile(**{"scenarios/test_timed": BENCHMARKED})
+    out = pytester.path / "bench.json"
+    result = pytester.runpytest_inprocess(
+        "scenarios", "--amp-device=cpu", "-p", "no:cacheprovider", "--no-mlflow",
+        f"--amp-reports={pytester.path / 'reports'}", f"--benchmark-json={out}",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    (saved,) = json.loads(out.read_text())["benchmarks"]
+    assert saved["name"] == "test_timed" and saved["extra_info"] == {"fp16_over_fp32": 2.5}
+    assert saved["stats"]["rounds"] == 7 and len(saved["stats"]["data"]) == 7
+    result.stdout.fnmatch_lines(["*benchmark: 1 tests*", "test_timed *"])
+
+
 def test_ctrl_c_ends_the_open_runs_as_killed_and_a_rerun_starts_clean(pytester):
     pytester.makepyfile(**{"scenarios/test_slow": SLOW})
     reports = pytester.path / "reports"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -154,6 +155,20 @@ def test_a_hanging_server_costs_one_bounded_call(pytester):
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines(["MLflow: creating the session run failed after *"])
     assert seconds < 15, f"a hanging server blocked the session for {seconds:.1f} s"
+    assert len([e for e in journal(pytester).entries() if e["type"] == "record"]) == 3
+
+
+def test_an_mlflow_that_cannot_be_imported_leaves_the_journal(pytester, monkeypatch):
+    """An incomplete install (seen: a GPU runner's wheelhouse without protobuf) is said once,
+    with the fix; the session runs on the journal alone instead of stopping with an internal
+    error, and `amp-harness sync` sends it later."""
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `from mlflow import ...` raises
+    result, _ = run_session(pytester)
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(
+        ["MLflow: MLflow cannot be imported (*): install it with its requirements*--no-mlflow*"]
+    )
+    assert "INTERNALERROR" not in result.stdout.str()
     assert len([e for e in journal(pytester).entries() if e["type"] == "record"]) == 3
 
 

@@ -1,0 +1,144 @@
+"""The CUDA-only scenarios, rehearsed on the CPU at toy sizes, so that a GPU session never finds a
+typo: scenarios/test_speed.py and test_memory_speed.py skip without a GPU, and GPU time is short.
+
+Every line of their measurement, records, figures, verdicts and benchmarks runs here, with three
+stand-ins for what only CUDA has: the `cuda` and `tf32` requirements are waived (the tf32 recipe
+then only sets flags), times come from the wall clock (harness.measure's CPU path), and peak
+memory from torch's tensor-level MemTracker instead of the CUDA allocator's statistics. The
+verdicts mean nothing at these sizes. What is checked: each test reaches a verdict for every
+claim it declares, and if it fails, it fails on a prediction, an assertion starting with its
+claim ID, never on an error of its own code.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from conftest import load_scenario
+
+from harness import devices, measure
+from harness.journal import JOURNAL_NAME, Journal
+
+# torch's tensor-level memory tracker (torch 2.5 and newer): the CPU's stand-in for the CUDA
+# allocator's peak statistics.
+MemTracker = pytest.importorskip("torch.distributed._tools.mem_tracker").MemTracker
+
+WAIVED = ("cuda", "tf32")
+
+
+@pytest.fixture
+def cuda_waived(monkeypatch):
+    missing = devices.DeviceInfo.missing
+
+    def missing_but_cuda(self, *needs, gpus=0):
+        return missing(self, *(n for n in needs if n not in WAIVED), gpus=gpus)
+
+    monkeypatch.setattr(devices.DeviceInfo, "missing", missing_but_cuda)
+    monkeypatch.setattr(measure, "peak_memory", _peak_memory_on_cpu)
+
+
+def _peak_memory_on_cpu(fn, device: torch.device) -> int:
+    """measure.peak_memory's meaning (the most allocated above what stays allocated) counted by
+    torch's MemTracker: its peak total less its total once `fn` has returned."""
+    tracker = MemTracker()
+    with tracker:
+        fn()
+    peak, after = (
+        tracker.get_tracker_snapshot(kind)[device]["Total"] for kind in ("peak", "current")
+    )
+    return int(peak - after)
+
+
+class Toy:
+    """A pytest plugin that shrinks a scenario module's sizes once it is imported."""
+
+    def __init__(self, **sizes):
+        self.sizes = sizes
+
+    def pytest_collection_modifyitems(self, items):
+        for module in {item.module for item in items}:
+            for name, value in self.sizes.items():
+                assert hasattr(module, name), f"{module.__name__} has no {name} to shrink"
+                setattr(module, name, value(module) if callable(value) else value)
+
+
+SPEED = Toy(
+    MATMUL_N=128,
+    MATMUL_ROUNDS=5,
+    MATMUL_WARMUP=1,
+    ADD_NUMEL=2**14,
+    ADD_ROUNDS=5,
+    ADD_WARMUP=1,
+    VOCAB=256,
+    SEQ_LEN=16,
+    LAYERS=2,
+    BATCH=2,
+    SIZES=lambda m: (m.Size("30k", 30_000, 4, 1), m.Size("200k", 200_000, 4, 1)),
+)
+MEMORY_SPEED = Toy(
+    OPTIONS={"layers": 2, "vocab": 512, "seq_len": 32},
+    WIDTHS=(64, 128, 192),
+    BATCH=2,
+    ROUNDS=4,
+    WARMUP=1,
+)
+
+
+def _reached_verdicts(result: pytest.RunResult, pytester: pytest.Pytester, tests: int) -> None:
+    """Every test ran to a verdict per declared claim; a failure is a claim's prediction."""
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("error", 0) == 0 and outcomes.get("skipped", 0) == 0, result.outlines
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == tests, outcomes
+    (session,) = Journal(pytester.path / "reports" / JOURNAL_NAME).sessions().values()
+    assert len(session.records) == tests
+    for record in session.records:
+        assert record.claims and not record.missing_verdicts(), (record.test, record.verdicts)
+    errors = [line for line in result.outlines if line.startswith("E  ")]
+    raised = [line for line in errors if re.match(r"E\s+\w+(Error|Exception):", line)]
+    assert all(re.match(r"E\s+AssertionError: [A-Z0-9]+(-[A-Z0-9]+)+: ", x) for x in raised), (
+        "a rehearsed scenario failed on something other than a prediction:\n" + "\n".join(errors)
+    )
+
+
+def test_speed_scenarios_run_to_their_verdicts(run_scenario, pytester, cuda_waived):
+    result = run_scenario("test_speed.py", plugins=(SPEED,))
+    _reached_verdicts(result, pytester, tests=2)
+
+
+def test_memory_and_speed_scenarios_run_to_their_verdicts(run_scenario, pytester, cuda_waived):
+    result = run_scenario("test_memory_speed.py", plugins=(MEMORY_SPEED,))
+    _reached_verdicts(result, pytester, tests=2)
+
+
+def _fp8_on_cpu() -> str | None:
+    try:
+        torch._scaled_mm(
+            torch.zeros(16, 16).to(torch.float8_e4m3fn),
+            torch.zeros(16, 16).to(torch.float8_e4m3fn).t(),
+            scale_a=torch.ones(()),
+            scale_b=torch.ones(()),
+        )
+    except (AttributeError, RuntimeError, NotImplementedError) as exc:
+        return f"torch {torch.__version__} has no fp8 matmul on the CPU: {exc!s:.120}"
+    return None
+
+
+def test_the_fp8_arm_is_a_valid_scaled_mm_at_full_size():
+    # torch's meta kernel checks what cuBLASLt needs (float8 inputs, the second operand
+    # column-major, sizes multiple of 16, float32 unit scales) without computing anything.
+    speed = load_scenario("test_speed.py")
+    a = torch.empty(speed.MATMUL_N, speed.MATMUL_N, device="meta")
+    out = speed._fp8_matmul(a, a)()
+    assert out.shape == (speed.MATMUL_N, speed.MATMUL_N) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(_fp8_on_cpu() is not None, reason=str(_fp8_on_cpu()))
+def test_the_fp8_arm_multiplies_a_by_b():
+    # Timing would not tell a @ b from a @ b.T; the product's values do (e4m3: 3 mantissa bits).
+    speed = load_scenario("test_speed.py")
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(64, 64, generator=generator) for _ in range(2))
+    error = (speed._fp8_matmul(a, b)().float() - a @ b).norm() / (a @ b).norm()
+    assert error < 0.1, f"fp8 product off by {error:.2f} of a @ b"

@@ -1,0 +1,41 @@
+"""The harness as a regular (not editable) install runs its scenarios, as `pip install .` or
+`pip install git+URL` leaves it: then pytest finds the plugin's package listed in the installed
+files and asks to rewrite its asserts, after `amp-harness run` has imported it (seen: a
+PytestAssertRewriteWarning, an error under this project's warning filters, and no test run)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_regular_install_runs_the_scenarios(tmp_path):
+    source, site, work = tmp_path / "source", tmp_path / "site", tmp_path / "work"
+    shutil.copytree(REPO / "harness", source / "harness")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--target", site, source],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    shutil.copytree(REPO / "scenarios", work / "scenarios")
+    shutil.copy(REPO / "tox.ini", work)  # its warning filters make every warning an error
+    env = {**os.environ, "PYTHONPATH": str(site)}  # this install before the editable one
+    ran = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "--amp-device=cpu", "--no-mlflow",
+         "-k", "bytes", "-p", "no:cacheprovider"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert "1 passed" in ran.stdout
+    # ... and it ran the regular install's harness, not this checkout's.
+    assert str(site / "harness") in subprocess.run(
+        [sys.executable, "-c", "import harness; print(harness.__file__)"],
+        cwd=work, env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
