@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def run_scenario(pytester: pytest.Pytester):
+def run_scenario(pytester: pytest.Pytester, request: pytest.FixtureRequest):
     """Run a scenario module of this repository in a nested, in-process pytest session.
 
     In-process, so a monkeypatch of torch made by the calling test applies inside the scenario:
@@ -42,6 +42,11 @@ def run_scenario(pytester: pytest.Pytester):
     # process: probe now, before the test patches torch, so that a patch reaches the scenario's
     # measurement and not what the device is said to be capable of (a skip instead of a failure).
     devices.probe("cpu")
+    # Where the harness is not installed (an offline GPU runner: scripts/gpu-check loads the
+    # plugin with -p), no entry point loads it in the nested session either: name it there too.
+    plugin = (
+        [] if request.config.pluginmanager.has_plugin("amp_harness") else ["-p", "harness.plugin"]
+    )
 
     def run(module: str, *args: str, plugins: tuple = ()) -> pytest.RunResult:
         target = pytester.path / "scenarios"
@@ -55,6 +60,7 @@ def run_scenario(pytester: pytest.Pytester):
             f"--amp-reports={pytester.path / 'reports'}",
             "-p",
             "no:cacheprovider",
+            *plugin,
             *args,
             plugins=list(plugins),
         )
