@@ -1,8 +1,9 @@
 """The GPU scenarios are sized to finish in under 3 minutes on one H200 (the issue's budget):
 their arithmetic, counted here on the meta device (no memory, no compute), at rates well under
-what an H200 reaches, stays within half of it, leaving the rest for process and CUDA start-up,
-model initialisation and the other scenario modules. A guard against a size raised carelessly,
-not a measurement: the GPU run's wall time is that."""
+what an H200 reaches, and the small models' steps at a pessimistic cost each, stay within two
+thirds of it, leaving the rest for process and CUDA start-up, model initialisation and the other
+modules. A guard against a size raised carelessly, not a measurement: the GPU run's wall time
+is that."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from harness import gpus, memory_model, models
 
-BUDGET_S = 90.0  # of the 180 s the issue allows for every scenario module
+BUDGET_S = 120.0  # of the 180 s the issue allows for every scenario module
 H200 = gpus.spec("NVIDIA H200")
 # Pessimistic rates: a third of the datasheet for strict fp32 matmuls, a tenth of the fp16
 # tensor-core peak for everything else (TF32, fp16, bf16, fp8, and whole training steps).
 STRICT_FP32 = H200.fp32 * 1e12 / 3
 TENSOR_CORES = H200.fp16 * 1e12 / 10
 BENCHMARK_SHARE = 1.25  # pytest-benchmark's own rounds of one arm on top of the comparison
+# Small models are bound by kernel launches and the per-step reads of loss, scale and gradient
+# norm, not by arithmetic: a pessimistic cost of one such training step.
+SMALL_STEP_S = 0.003
 
 
 def _step_flops(spec: models.Plan, batch: int) -> int:
@@ -69,15 +73,30 @@ def memory_speed_seconds() -> dict[str, float]:
     return seconds
 
 
-@pytest.mark.parametrize("plan", [speed_seconds, memory_speed_seconds], ids=lambda f: f.__name__)
-def test_the_gpu_scenarios_fit_the_budget_at_pessimistic_rates(plan, record_property):
-    seconds = plan()
-    total = BENCHMARK_SHARE * sum(seconds.values())
-    record_property("estimated_h200_seconds", {k: round(v, 2) for k, v in seconds.items()})
-    # Both modules together within the budget: each within half of it.
-    assert total <= BUDGET_S / 2, (
-        f"{plan.__name__}: an estimated {total:.0f} s of H200 arithmetic at pessimistic rates, "
-        f"over {BUDGET_S / 2:.0f} s: "
+def convergence_seconds() -> dict[str, float]:
+    """Every training step of scenarios/test_convergence.py on CUDA: the tiny models of
+    PIT4-SMALL-CONVERGENCE (and their negative control, the MLP again), and HDL-ACCURACY's."""
+    scenario = load_scenario("test_convergence.py")
+    runs = len(scenario.SEEDS) * len(scenario.RECIPES)
+    small = sum(setup.steps for setup in scenario.SMALL) + scenario.SMALL[0].steps
+    return {
+        "PIT4-SMALL-CONVERGENCE": small * runs * SMALL_STEP_S,
+        "HDL-ACCURACY": scenario.LARGE["cuda"].steps * runs * SMALL_STEP_S,
+    }
+
+
+PLANS = {"speed": speed_seconds, "memory_speed": memory_speed_seconds}  # benchmarked too
+
+
+def test_the_gpu_scenarios_fit_the_budget_at_pessimistic_rates():
+    seconds = {
+        **{f"{module}: {name}": BENCHMARK_SHARE * s for module, plan in PLANS.items()
+           for name, s in plan().items()},
+        **{f"convergence: {name}": s for name, s in convergence_seconds().items()},
+    }  # fmt: skip
+    total = sum(seconds.values())
+    assert total <= BUDGET_S, (
+        f"an estimated {total:.0f} s on an H200 at pessimistic rates, over {BUDGET_S:.0f} s: "
         + ", ".join(f"{name} {s:.1f} s" for name, s in seconds.items())
     )
 
