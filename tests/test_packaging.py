@@ -1,7 +1,8 @@
-"""The harness as a regular (not editable) install runs its scenarios, as `pip install .` or
-`pip install git+URL` leaves it: then pytest finds the plugin's package listed in the installed
-files and asks to rewrite its asserts, after `amp-harness run` has imported it (seen: a
-PytestAssertRewriteWarning, an error under this project's warning filters, and no test run)."""
+"""The harness runs however it is installed: as a regular (not editable) install, as `pip install .`
+or `pip install git+URL` leaves it, where pytest finds the plugin's package listed in the
+installed files and asks to rewrite its asserts after `amp-harness run` has imported it (seen: a
+PytestAssertRewriteWarning, an error under this project's warning filters, and no test run); and
+not installed at all, as on the offline GPU runner."""
 
 from __future__ import annotations
 
@@ -43,3 +44,17 @@ def test_a_regular_install_runs_the_scenarios(tmp_path):
         [sys.executable, "-c", "import harness; print(harness.__file__)"],
         cwd=work, env=env, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
+
+
+def test_sensitivity_tests_run_where_the_harness_is_not_installed():
+    # As scripts/gpu-check runs them on a GPU runner: the plugin named with -p and found by no
+    # entry point (autoloading off stands in for "not installed"), in the outer session and in
+    # run_scenario's nested ones (seen: "unrecognized arguments: --no-mlflow ..." there).
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
+         "tests/test_sensitivity_formats.py", "-q"],
+        cwd=REPO, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert " passed" in ran.stdout and " skipped" not in ran.stdout
