@@ -30,9 +30,8 @@ TAIL_LINES = 15
 
 def _benchmark_session(config: pytest.Config):
     """pytest-benchmark's session, where it keeps the results it shows, saves and compares; None
-    when the plugin is absent or off (--benchmark-disable, or under pytest-xdist)."""
-    session = getattr(config, "_benchmarksession", None)
-    return session if session is not None and not session.disabled else None
+    without the plugin. Its `disabled` is set by --benchmark-disable and under pytest-xdist."""
+    return getattr(config, "_benchmarksession", None)
 
 
 def worker_command(item: pytest.Item, device_type: str, reports: Path, output: Path) -> list[str]:
@@ -44,11 +43,12 @@ def worker_command(item: pytest.Item, device_type: str, reports: Path, output: P
         f"--amp-reports={reports}",  # figures go where the parent's records point
         f"--amp-worker-output={output}",
     ]
-    if getattr(config, "_benchmarksession", None) is not None:  # pytest-benchmark is loaded
-        # Benchmarks run in the worker as in the parent, and come back through a file.
-        on = _benchmark_session(config)
+    benchmarks = _benchmark_session(config)
+    if benchmarks is not None:  # they run in the worker as in the parent, and come back in a file
         options.append(
-            f"--benchmark-json={_benchmarks_file(output)}" if on else "--benchmark-disable"
+            "--benchmark-disable"
+            if benchmarks.disabled
+            else f"--benchmark-json={_benchmarks_file(output)}"
         )
     # Plugins and warning filters given on the command line apply in the worker too.
     args = config.invocation_params.args
@@ -115,7 +115,7 @@ def _adopt_benchmarks(config: pytest.Config, path: Path) -> None:
     """Add the benchmarks a worker saved to the parent's pytest-benchmark session, rebuilt as the
     plugin's own records (its Metadata) from the timings in the worker's JSON."""
     session = _benchmark_session(config)
-    if session is None or not path.exists():
+    if session is None or session.disabled or not path.exists():
         return
     from pytest_benchmark.stats import Metadata
 

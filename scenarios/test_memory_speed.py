@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness import measure, memory_model, models, recipes
+from harness import measure, memory_model, models, recipes, speedups
 from harness.measure import Ratio
 from harness.memory_model import GB, Breakdown
 
@@ -326,27 +326,8 @@ def test_memory_of_a_training_step(record, amp_device):
 CLAIMED_SPEEDUP = 1.8  # 3.2 -> 5.8 it/s, "+80%"
 SPEED_BAND = 0.25  # the claim holds if the whole interval lies within 1.8x +- 25%
 NO_GAIN = 1.1  # an interval wholly below it: no gain worth the name
-# Arm -> recipe. "fp32-again" is the negative control: the fp32 recipe a second time.
-SPEED_ARMS = {
-    "fp32": "fp32",
-    "fp32-again": "fp32",
-    "tf32": "tf32",
-    "amp-fp16": "amp-fp16",
-    "amp-bf16": "amp-bf16",
-}
-SERIES = (  # (arm, baseline): the arm's speed-up over the baseline
-    ("amp-fp16", "fp32"),
-    ("amp-bf16", "fp32"),
-    ("amp-fp16", "tf32"),
-    ("amp-bf16", "tf32"),
-    ("tf32", "fp32"),
-    ("fp32-again", "fp32"),
-)
 # An fp32 step at 875M takes ~0.2 s with TF32 off, an AMP one ~0.03 s: 12 rounds of 5 arms ~6 s.
 ROUNDS, WARMUP = 10, 2
-# The control's ratio must contain 1, or at least lie within 3% of it: identical arms can differ
-# by a hair that a tight interval resolves, never by the 10% a gain is decided at.
-CONTROL_BAND = (0.97, 1.03)
 
 
 def speed_verdict(speedup: Ratio) -> str:
@@ -365,7 +346,7 @@ def speed_verdict(speedup: Ratio) -> str:
 @pytest.mark.requires("cuda", "tf32", "fp16_autocast", "grad_scaler", "bf16_autocast")
 def test_amp_speedup_of_a_training_step(record, amp_device, benchmark):
     spec = _plan(WIDTHS[-1])
-    precisions = {arm: recipes.get(name).bind(amp_device) for arm, name in SPEED_ARMS.items()}
+    precisions = {arm: recipes.get(name).bind(amp_device) for arm, name in speedups.ARMS.items()}
     # One model and one AdamW for every arm: each recipe here trains fp32 parameters, and a
     # step takes as long whatever the weights' values.
     model, optimizer = _setup(spec, precisions["fp32"])
@@ -377,12 +358,7 @@ def test_amp_speedup_of_a_training_step(record, amp_device, benchmark):
         for arm, precision in precisions.items()
     }
     comparison = measure.compare(arms, amp_device.type, ROUNDS, WARMUP)
-    ratios = {f"{arm}_over_{base}": comparison.ratio(base, arm) for arm, base in SERIES}
-
-    flags = {}
-    for name in sorted(set(SPEED_ARMS.values())):
-        with recipes.get(name).bind(amp_device):
-            flags.update({f"tf32.{name}.{flag}": on for flag, on in recipes.tf32_flags().items()})
+    ratios = speedups.speedups(comparison)
     record.param(
         model="transformer",
         width=spec.width,
@@ -393,18 +369,18 @@ def test_amp_speedup_of_a_training_step(record, amp_device, benchmark):
         lr=LR,
         rounds=ROUNDS,
         warmup=WARMUP,
-        **flags,
+        **speedups.tf32_flags(amp_device),
     )
     record.metric(
-        **{f"{arm}.it_per_s": 1 / comparison.median(arm) for arm in SPEED_ARMS},
+        **{f"{arm}.it_per_s": 1 / comparison.median(arm) for arm in speedups.ARMS},
         **{
             f"{name}{part}": value
             for name, r in ratios.items()
             for part, value in ((".value", r.value), (".low", r.low), (".high", r.high))
         },
     )
-    deciding, control = ratios["amp-fp16_over_fp32"], ratios["fp32-again_over_fp32"]
-    it_s = {arm: 1 / comparison.median(arm) for arm in SPEED_ARMS}
+    deciding, control = ratios["amp-fp16_over_fp32"], ratios[speedups.CONTROL]
+    it_s = {arm: 1 / comparison.median(arm) for arm in speedups.ARMS}
     record.verdict(
         "HDL-SPEED",
         speed_verdict(deciding),
@@ -428,8 +404,8 @@ def test_amp_speedup_of_a_training_step(record, amp_device, benchmark):
             f"{_label(spec)} parameters, got {ratio.describe()}"
         )
     # Negative control: the same arm twice is not told apart.
-    low, high = CONTROL_BAND
-    assert control.low <= 1.0 <= control.high or low < control.low <= control.high < high, (
+    low, high = speedups.CONTROL_BAND
+    assert speedups.control_holds(control), (
         f"HDL-SPEED: negative control: predicted fp32 over fp32 at 1x (interval containing 1, "
         f"or within {low}-{high}), got {control.describe()}"
     )

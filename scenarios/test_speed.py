@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from torch import nn
 
-from harness import gpus, measure, models, recipes
+from harness import gpus, measure, models, recipes, speedups
 from harness.measure import Comparison, Ratio
 from harness.models import TOLERANCE
 
@@ -377,27 +377,7 @@ SIZES = (
     Size("100M", 10**8, 15, 2),
     Size("1B", 10**9, 5, 2),
 )
-# Arm -> recipe. "fp32-again" is the negative control: the fp32 recipe a second time.
-ARMS = {
-    "fp32": "fp32",
-    "fp32-again": "fp32",
-    "tf32": "tf32",
-    "amp-fp16": "amp-fp16",
-    "amp-bf16": "amp-bf16",
-}
-SERIES = (  # (arm, baseline): the arm's speed-up over the baseline
-    ("amp-fp16", "fp32"),
-    ("amp-bf16", "fp32"),
-    ("amp-fp16", "tf32"),
-    ("amp-bf16", "tf32"),
-    ("tf32", "fp32"),
-    ("fp32-again", "fp32"),
-)
 DECIDING = "amp-fp16_over_fp32"  # the article's AMP (fp16 + GradScaler) against its FP32
-CONTROL = "fp32-again_over_fp32"
-# The control's ratio must contain 1, or at least lie within 3% of it: identical arms can
-# differ by a hair that a tight interval resolves, never by the 10% a gain is decided at.
-CONTROL_BAND = (0.97, 1.03)
 
 
 def _plan(size: Size) -> models.Plan:
@@ -432,7 +412,7 @@ def _training_arms(size: Size, amp_device) -> dict[str, Callable[[], None]]:
         torch.randint(VOCAB, (BATCH, SEQ_LEN), device=device, generator=generator) for _ in range(2)
     )
     arms = {}
-    for arm, recipe in ARMS.items():
+    for arm, recipe in speedups.ARMS.items():
         precision = recipes.get(recipe).bind(amp_device)
         model = precision.prepare(copy.deepcopy(base))
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -455,7 +435,7 @@ def _speedup_figure(counts: list[int], series: dict[str, list[Ratio]]) -> Figure
             label=name.replace("_over_", " over "),
             marker="o",
             capsize=3,
-            linestyle="--" if name == CONTROL else "-",
+            linestyle="--" if name == speedups.CONTROL else "-",
         )
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.axhline(THRESHOLD, color="grey", linewidth=0.8, linestyle=":", label=f"{THRESHOLD}x")
@@ -496,17 +476,11 @@ def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
         del arms  # five models with their AdamW states: ~60 GB at 1B
         torch.cuda.empty_cache()
 
-    series = {
-        f"{arm}_over_{base}": [comparisons[s.label].ratio(base, arm) for s in SIZES]
-        for arm, base in SERIES
-    }
+    by_size = [speedups.speedups(comparisons[size.label]) for size in SIZES]
+    series = {name: [ratios[name] for ratios in by_size] for name in by_size[0]}
     nominal = [size.params for size in SIZES]
     counts = [plans[size.label].params for size in SIZES]
     tokens = BATCH * SEQ_LEN
-    flags = {}
-    for recipe in sorted(set(ARMS.values())):
-        with recipes.get(recipe).bind(amp_device):
-            flags.update({f"{recipe}.{flag}": on for flag, on in recipes.tf32_flags().items()})
     record.param(
         model="transformer",
         vocab=VOCAB,
@@ -520,7 +494,7 @@ def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
         **{f"size.{label}.width": plan.width for label, plan in plans.items()},
         **{f"size.{label}.heads": plan.options["heads"] for label, plan in plans.items()},
         **{f"size.{s.label}.rounds": s.rounds for s in SIZES},
-        **{f"tf32.{name}": on for name, on in flags.items()},
+        **speedups.tf32_flags(amp_device),
     )
     record.metric(
         **{
@@ -532,7 +506,7 @@ def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
         **{
             f"{size.label}/{arm}.tflops": _model_tflops(count, tokens, comparisons[size.label], arm)
             for size, count in zip(SIZES, counts, strict=True)
-            for arm in ARMS
+            for arm in speedups.ARMS
         },
     )
     record.figure("speedup_by_size", _speedup_figure(counts, series))
@@ -543,7 +517,7 @@ def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
     crossovers = {
         name.replace("_over_", " over "): crossover(nominal, ratios, THRESHOLD)
         for name, ratios in series.items()
-        if name != CONTROL
+        if name != speedups.CONTROL
     }
     measured = "; ".join(
         f"{s.label} ({count:,} params) {r.describe()}"
@@ -577,9 +551,9 @@ def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
         f"off) at {SIZES[-1].label} parameters, got {top.describe()}"
     )
     # Negative control: fp32 timed against itself shows no speed-up at any size.
-    for size, ratio in zip(SIZES, series[CONTROL], strict=True):
-        low, high = CONTROL_BAND
-        assert ratio.low <= 1.0 <= ratio.high or low < ratio.low <= ratio.high < high, (
+    low, high = speedups.CONTROL_BAND
+    for size, ratio in zip(SIZES, series[speedups.CONTROL], strict=True):
+        assert speedups.control_holds(ratio), (
             f"PIT4-SMALL-NO-GAIN: negative control: predicted fp32 over fp32 at 1x (interval "
             f"containing 1, or within {low}-{high}) at {size.label}, got {ratio.describe()}"
         )

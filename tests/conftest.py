@@ -15,7 +15,10 @@ from pathlib import Path
 # - matplotlib ("'Figure' object has no attribute 'items'" in the next figure drawn).
 import matplotlib.figure  # noqa: F401
 import pytest
+import torch
 import torch._dynamo  # noqa: F401
+import torch.nn.functional as F
+from torch.amp.grad_scaler import OptState
 
 try:
     import mlflow.store.tracking.rest_store  # noqa: F401
@@ -86,3 +89,24 @@ def assert_fails_naming(result: pytest.RunResult, claim: str, failed: int = 1) -
     assert any(line.startswith("E ") and f"{claim}:" in line for line in result.outlines), (
         f"no assertion naming {claim} in the failure output"
     )
+
+
+def promote_layer_norm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make CPU autocast run layer_norm as CUDA's does, on its fp32 list: fp32 compute and an
+    fp32 output, so its error drops from the fp16 level to the fp32 one."""
+    layer_norm = F.layer_norm
+
+    def promoted(x, *args, **kwargs):
+        x = x.float() if torch.is_autocast_enabled(x.device.type) else x
+        return layer_norm(x, *args, **kwargs)
+
+    monkeypatch.setattr(F, "layer_norm", promoted)
+
+
+def unscale_without_dividing(self, optimizer) -> None:
+    """A broken GradScaler.unscale_: it still looks for inf/NaN (so step can skip) and marks the
+    optimizer unscaled, but leaves the gradients scaled."""
+    if not self.is_enabled():
+        return
+    self._check_inf_per_device(optimizer)
+    self._per_optimizer_states[id(optimizer)]["stage"] = OptState.UNSCALED

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from conftest import load_scenario
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness import gpus, memory_model, models
+from harness import gpus, memory_model, models, speedups
 
 BUDGET_S = 120.0  # of the 180 s the issue allows for every scenario module
 H200 = gpus.spec("NVIDIA H200")
@@ -52,7 +52,7 @@ def speed_seconds() -> dict[str, float]:
     speed = load_scenario("test_speed.py")
     matmul = 2 * speed.MATMUL_N**3 * (speed.MATMUL_ROUNDS + speed.MATMUL_WARMUP)
     seconds = {"FMT-SPEED matmuls": _seconds({"strict": matmul, "fast": 4 * matmul})}
-    arms = _arms(speed.ARMS)
+    arms = _arms(speedups.ARMS)
     for size in speed.SIZES:
         step = _step_flops(speed._plan(size), speed.BATCH) * (size.rounds + size.warmup)
         seconds[f"PIT4 {size.label}"] = _seconds({k: n * step for k, n in arms.items()})
@@ -68,7 +68,7 @@ def memory_speed_seconds() -> dict[str, float]:
         seconds[f"HDL-MEMORY width {width}"] = _seconds({"strict": step, "fast": fast * step})
     spec = memory_model.transformer_plan(scenario.WIDTHS[-1], **scenario.OPTIONS)
     step = _step_flops(spec, scenario.BATCH) * (scenario.ROUNDS + scenario.WARMUP)
-    arms = _arms(scenario.SPEED_ARMS)
+    arms = _arms(speedups.ARMS)
     seconds["HDL-SPEED"] = _seconds({k: n * step for k, n in arms.items()})
     return seconds
 

@@ -8,8 +8,7 @@ import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
-from conftest import assert_fails_naming
+from conftest import assert_fails_naming, promote_layer_norm
 
 MODULE = "test_amp_mechanics.py"
 
@@ -56,14 +55,7 @@ def test_optimizer_with_a_master_copy_fails(run_scenario, monkeypatch):
 
 
 def test_layer_norm_promoted_on_cpu_fails(run_scenario, monkeypatch):
-    # Simulates CPU autocast putting layer_norm on its fp32 list, as CUDA does.
-    layer_norm = F.layer_norm
-
-    def promoted(x, *args, **kwargs):
-        x = x.float() if torch.is_autocast_enabled(x.device.type) else x
-        return layer_norm(x, *args, **kwargs)
-
-    monkeypatch.setattr(F, "layer_norm", promoted)
+    promote_layer_norm(monkeypatch)
     result = run_scenario(MODULE, "-k", "test_norms_under_fp16_autocast")
     assert_fails_naming(result, "AMP-NORM-FP32")
 

@@ -10,7 +10,7 @@ assertion of GradScaler.
 from __future__ import annotations
 
 import pytest
-from conftest import assert_fails_naming
+from conftest import assert_fails_naming, unscale_without_dividing
 from torch.amp.grad_scaler import GradScaler, OptState
 
 MODULE = "test_grad_scaler.py"
@@ -19,12 +19,6 @@ _step, _update = GradScaler.step, GradScaler.update
 
 def _scale_returns_the_loss(self, outputs):
     return outputs
-
-
-def _unscale_without_dividing(self, optimizer):
-    """Still look for inf/NaN (so step can skip), but leave the gradients scaled."""
-    self._check_inf_per_device(optimizer)
-    self._per_optimizer_states[id(optimizer)]["stage"] = OptState.UNSCALED
 
 
 def _step_never_skips(self, optimizer, *args, **kwargs):
@@ -52,7 +46,7 @@ def _update_grows_on_inf(self, new_scale=None):
     ("method", "broken", "test", "claim"),
     [
         ("scale", _scale_returns_the_loss, "multiplies_the_loss", "SCL-SCALE"),
-        ("unscale_", _unscale_without_dividing, "divides_the_gradients_back", "SCL-STEP-UNSCALES"),
+        ("unscale_", unscale_without_dividing, "divides_the_gradients_back", "SCL-STEP-UNSCALES"),
         ("step", _step_never_skips, "divides_the_gradients_back", "SCL-STEP-UNSCALES"),
         ("step", _step_never_skips, "already_skips", "PIT3-CHECK-BEFORE-STEP"),
         ("update", _update_grows_on_inf, "backs_off_on_inf", "SCL-UPDATE-DYNAMIC"),

@@ -10,7 +10,7 @@ its prediction, not on an internal assertion of GradScaler.
 from __future__ import annotations
 
 import pytest
-from conftest import assert_fails_naming
+from conftest import assert_fails_naming, unscale_without_dividing
 from torch.amp.grad_scaler import GradScaler, OptState
 
 MODULE = "test_gradient_explosion.py"
@@ -36,20 +36,12 @@ def _step_never_skips(self, optimizer, *args, **kwargs):
     return optimizer.step(*args, **kwargs)
 
 
-def _unscale_without_dividing(self, optimizer):
-    """Still look for inf/NaN (so step can skip), but leave the gradients scaled."""
-    if not self.is_enabled():
-        return
-    self._check_inf_per_device(optimizer)
-    self._per_optimizer_states[id(optimizer)]["stage"] = OptState.UNSCALED
-
-
 @pytest.mark.parametrize(
     ("method", "broken", "test", "claim"),
     [
         ("update", _update_never_backs_off, "calibration_not_explosion", "PIT1-EXPLOSION"),
         ("step", _step_never_skips, "diverges_in_fp32_too", "PIT1-EXPLOSION"),
-        ("unscale_", _unscale_without_dividing, "clips_scaled_gradients", "PIT1-GRADNORM"),
+        ("unscale_", unscale_without_dividing, "clips_scaled_gradients", "PIT1-GRADNORM"),
     ],
     ids=lambda v: v if isinstance(v, str) else v.__name__.strip("_"),
 )

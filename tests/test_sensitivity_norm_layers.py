@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from conftest import assert_fails_naming
+from conftest import assert_fails_naming, promote_layer_norm
 
 MODULE = "test_norm_layers.py"
 
@@ -33,14 +33,6 @@ def test_saturating_batchnorm_statistics_fail(run_scenario, monkeypatch):
 
 
 def test_layer_norm_promoted_on_cpu_fails(run_scenario, monkeypatch):
-    # Simulates CPU autocast putting layer_norm on its fp32 list, as CUDA does: fp32 compute
-    # and an fp32 output, so its error drops from fp16 to fp32 level.
-    layer_norm = F.layer_norm
-
-    def promoted(x, *args, **kwargs):
-        x = x.float() if torch.is_autocast_enabled(x.device.type) else x
-        return layer_norm(x, *args, **kwargs)
-
-    monkeypatch.setattr(F, "layer_norm", promoted)
+    promote_layer_norm(monkeypatch)
     result = run_scenario(MODULE, "-k", "test_norm_accuracy_under_autocast")
     assert_fails_naming(result, "AMP-NORM-FP32")
