@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import baseline, compare, report
+from harness import baseline, compare, report, verdicts
 from harness.claims import catalogue
 from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
@@ -90,17 +90,22 @@ def _collect_tests(scenarios: str) -> dict[str, list[str]]:
 
 
 def _last_verdicts(reports: str) -> dict[str, dict]:
+    """Each claim's verdict in the last session that ran a test of it, across that session's
+    tests (harness.verdicts' rule: a later GPU-only skip does not hide earlier CPU decisions
+    of the same session, and a failure is never hidden)."""
     last: dict[str, dict] = {}
-    records = (
-        r for s in Journal(Path(reports) / JOURNAL_NAME).sessions().values() for r in s.records
-    )
-    for record in records:
-        for v in record.verdicts.values():
-            last[v.claim] = {
-                "verdict": v.verdict,
-                "evidence": v.evidence,
-                "device": record.device,
-                "test": record.test,
+    for session in Journal(Path(reports) / JOURNAL_NAME).sessions().values():  # oldest first
+        devices = {r.test: r.device for r in session.records}
+        for claim, verdict in verdicts.by_claim(session.records).items():
+            last[claim] = {
+                "verdict": verdict.label,
+                "stands": verdict.stands,
+                "evidence": verdict.evidence,
+                "device": "; ".join(dict.fromkeys(devices[s.test] for s in verdict.statuses)),
+                "tests": [
+                    {"test": s.test, "status": s.label, "evidence": s.evidence}
+                    for s in verdict.statuses
+                ],
             }
     return last
 
@@ -127,6 +132,7 @@ def _list(args: argparse.Namespace) -> int:
             "last_verdict": last.get(claim.id, {}).get("verdict"),
             "last_evidence": last.get(claim.id, {}).get("evidence"),
             "last_device": last.get(claim.id, {}).get("device"),
+            "last_tests": last.get(claim.id, {}).get("tests", []),
         }
         for claim in catalogue().values()
     ]
@@ -151,7 +157,7 @@ def _baseline(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     summary = baseline.summarize(Journal(Path(args.reports) / JOURNAL_NAME), args.session)
-    path = baseline.save(summary, Path(args.out))
+    path = baseline.save(summary, Path(args.out), partial=args.partial, force=args.force)
     table = Table(title=f"{summary['name']}: {len(summary['verdicts'])} verdicts")
     for name in ("claim", "verdict", "evidence"):
         table.add_column(name, overflow="fold")
@@ -159,7 +165,9 @@ def _baseline(args: argparse.Namespace) -> int:
         evidence = v["evidence"] if len(v["evidence"]) <= 90 else v["evidence"][:87] + "..."
         table.add_row(v["claim"], v["verdict"], evidence)
     Console().print(table)
-    print(f"baseline written: {path}" + ("" if summary["complete"] else " (session incomplete)"))
+    print(f"baseline written: {path}")
+    if summary["lacks"]:
+        print(f"marked incomplete (--partial): {'; '.join(summary['lacks'])}")
     return 0
 
 
@@ -220,12 +228,17 @@ def _baseline_comparison(reports: Path, spec: str) -> str | list[dict] | None:
     except HarnessError as exc:  # no session, no baseline, a bad one: the report says so
         return f"no comparison: {exc}"
     rows = [{"change": "verdict", "what": v.describe()} for v in result.verdicts]
+    rows += [{"change": "decision lost", "what": d.describe()} for d in result.lost]
     rows += [
         {"change": "metric, flagged" if m.flagged else "metric", "what": m.describe()}
         for m in result.metrics
     ]
-    compared = f"{result.compared['verdicts']} verdicts, {result.compared['metrics']} metrics"
-    return rows or f"{label} against {path}: no verdict changed, no metric moved ({compared})"
+    if result.not_compared:
+        rows.append(
+            {"change": "not compared", "what": f"part of the suite not run in {label} "
+             f"({'; '.join(result.b_lacks)}): {', '.join(result.not_compared)}"}
+        )  # fmt: skip
+    return rows or f"{label} against {path}: {result.summary_line()}"
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -327,10 +340,21 @@ def parser() -> argparse.ArgumentParser:
     )
     base = command("baseline", "save a session's verdicts and key metrics as a baseline file")
     base.add_argument("action", choices=["save"])
-    base.add_argument("--session", default=None, help="session id (default: the last one)")
+    base.add_argument(
+        "--session", default=None, help="session id or a unique prefix (default: the last one)"
+    )
     base.add_argument("--out", default="reports/baselines", help="folder for the baseline file")
+    base.add_argument(
+        "--partial",
+        action="store_true",
+        help="save a session that is not a complete run of the suite (deselected tests, modules "
+        "not run, failed or interrupted tests), marked incomplete with what it lacks",
+    )
+    base.add_argument("--force", action="store_true", help="replace an existing baseline file")
     comp = command("compare", "compare two runs: changed verdicts, then metric changes")
-    comp.add_argument("a", metavar="A", help="a baseline JSON file, a session id, or `last`")
+    comp.add_argument(
+        "a", metavar="A", help="a baseline JSON file, a session id (or a unique prefix), or `last`"
+    )
     comp.add_argument("b", metavar="B", nargs="?", default="last", help="the same (default: last)")
     comp.add_argument(
         "--threshold",

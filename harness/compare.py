@@ -1,6 +1,11 @@
 """Compare two runs: changed verdicts first, then metric changes, flagged only when they are
 both statistically significant and larger than a relative threshold.
 
+Verdicts are compared as they count (harness.verdicts): `partly -> failed (was: partly)` is a
+change. Per claim, a verdict that stands in the first run and in the second is skipped, failed or
+missing is a regression (missing is only "not compared" when the second run ran part of the
+suite and says so). A comparison in which no verdict overlapped says so.
+
 A run is the summary `harness.baseline.summarize` makes of a session; a baseline file holds the
 same shape. Metric keys that differ only in a `seed<N>`, `round<N>` or `rank<N>` path component
 (`mlp/amp-fp16/seed0/val_accuracy`, `.../seed1/...`) are repetitions of one quantity, and the
@@ -18,7 +23,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import baseline
+from harness import baseline, verdicts
 from harness.errors import HarnessError
 from harness.journal import Journal
 from harness.record import _jsonable
@@ -82,6 +87,19 @@ class MetricChange:
         )
 
 
+@dataclass(frozen=True)
+class LostDecision:
+    """A claim decided in the first run, and not decided in the second."""
+
+    claim: str
+    before: str  # the first run's verdict on the claim, across its tests
+    after: str  # the second's: "skipped", "failed", "capability regression" or "missing"
+    evidence: str
+
+    def describe(self) -> str:
+        return f"{self.claim}: decided ({self.before}) before, {self.after} now: {self.evidence}"
+
+
 @dataclass
 class Comparison:
     a: str  # what the first run is: a file, or a session's name
@@ -94,6 +112,14 @@ class Comparison:
     only_b: list[str]
     environment: dict[str, tuple[str, str]]  # fingerprint facts that differ
     compared: dict[str, int]  # verdicts and metrics present in both runs
+    lost: list[LostDecision]  # claims decided in A, not in B
+    not_compared: list[str]  # claims decided in A that B, a part of the suite, did not run
+    b_lacks: list[str]  # what B says it lacks (a partial run)
+
+    @property
+    def overlapped(self) -> bool:
+        """Some verdict was in both runs: without one, "nothing changed" would mean nothing."""
+        return self.compared["verdicts"] > 0
 
     @property
     def regressions(self) -> list[str]:
@@ -101,7 +127,17 @@ class Comparison:
 
         A change either way counts: the harness predicts behaviour, it does not rank it."""
         flagged = [m.describe() for m in self.metrics if m.flagged]
-        return [v.describe() for v in self.verdicts] + flagged
+        lost = [d.describe() for d in self.lost]
+        return [v.describe() for v in self.verdicts] + lost + flagged
+
+    def summary_line(self) -> str:
+        """One line: how much was compared and what came of it."""
+        counts = f"{self.compared['verdicts']} verdicts, {self.compared['metrics']} metrics"
+        if not self.overlapped:
+            return f"no verdict of one run is in the other: nothing compared ({counts})"
+        if self.regressions:
+            return f"regressions: {len(self.regressions)} ({counts} compared)"
+        return f"no verdict changed, no decision lost, no metric flagged ({counts} compared)"
 
     def to_json(self) -> dict:
         return {
@@ -125,6 +161,10 @@ class Comparison:
             ],
             "only_in_a": self.only_a,
             "only_in_b": self.only_b,
+            "lost_decisions": [asdict(d) for d in self.lost],
+            "not_compared": self.not_compared,
+            "b_lacks": self.b_lacks,
+            "overlapped": self.overlapped,
         }
 
 
@@ -173,6 +213,7 @@ def compare(
                 metrics.append(change)
     only_b += [test for test in b["tests"] if test not in a["tests"]]
     metrics.sort(key=lambda m: (not m.flagged, -_size(m.relative), m.test, m.metric))
+    lost, not_compared = _lost_decisions(a, b, {v.claim for v in verdicts})
     facts_a, facts_b = a.get("fingerprint", {}), b.get("fingerprint", {})
     a_label, b_label = labels or (a.get("name", "A"), b.get("name", "B"))
     return Comparison(
@@ -190,11 +231,41 @@ def compare(
             if k in facts_b and facts_a[k] != facts_b[k]
         },
         compared={"verdicts": len(verdicts_a.keys() & verdicts_b.keys()), "metrics": compared},
+        lost=lost,
+        not_compared=not_compared,
+        b_lacks=list(b.get("lacks", [])),
     )
 
 
 def _verdicts(summary: dict) -> dict[tuple[str, str], dict]:
     return {(v["test"], v["claim"]): v for v in summary["verdicts"]}
+
+
+def _claims(summary: dict) -> dict[str, verdicts.ClaimVerdict]:
+    """Each claim's verdict across the run's tests, by harness.verdicts' rule."""
+    grouped: dict[str, list[verdicts.Status]] = {}
+    for v in summary["verdicts"]:
+        status = verdicts.from_label(v["verdict"], v["stands"], v["evidence"], v["test"])
+        grouped.setdefault(v["claim"], []).append(status)
+    return {claim: verdicts.aggregate(found) for claim, found in grouped.items()}
+
+
+def _lost_decisions(a: dict, b: dict, changed: set[str]) -> tuple[list[LostDecision], list[str]]:
+    """Claims that stand in `a` and not in `b` (those a changed verdict of a test in both runs
+    already reports are left to it), and the claims a partial `b` did not run at all."""
+    claims_a, claims_b = _claims(a), _claims(b)
+    lost, not_compared = [], []
+    for claim, before in claims_a.items():
+        after = claims_b.get(claim)
+        if not before.stands or claim in changed or (after and after.stands):
+            continue
+        if after is None and b.get("lacks"):
+            not_compared.append(claim)
+        elif after is None:
+            lost.append(LostDecision(claim, before.label, "missing", "no test of it ran"))
+        else:
+            lost.append(LostDecision(claim, before.label, after.label, after.evidence))
+    return lost, not_compared
 
 
 def _quantities(metrics: dict) -> dict[str, dict[str, float | str]]:
@@ -313,13 +384,20 @@ def _problem(summary) -> str | None:
     if not isinstance(summary, dict):
         return "expected a JSON object (a baseline summary)"
     if summary.get("format") != baseline.FORMAT:
-        return f'field "format" is {summary.get("format")!r}; this harness reads {baseline.FORMAT}'
+        return (
+            f'field "format" is {summary.get("format")!r}; this harness reads {baseline.FORMAT} '
+            "(format 1 files predate verdicts that carry their test's outcome)"
+        )
     if not isinstance(summary.get("verdicts"), list):
         return 'field "verdicts" is missing or not a list'
     for i, verdict in enumerate(summary["verdicts"]):
         for name in ("claim", "verdict", "evidence", "test"):
             if not isinstance(verdict, dict) or not isinstance(verdict.get(name), str):
                 return f'verdicts[{i}]: field "{name}" is missing or not text'
+        if not isinstance(verdict.get("stands"), bool):
+            return f'verdicts[{i}]: field "stands" is missing or not true/false'
+    if not isinstance(summary.get("lacks", []), list):
+        return 'field "lacks" is not a list'
     if not isinstance(summary.get("tests"), dict):
         return 'field "tests" is missing or not an object'
     for test, entry in summary["tests"].items():
@@ -384,15 +462,18 @@ def render(comparison: Comparison, console) -> None:
                 style="bold red" if m.flagged else None,
             )
         console.print(table)
+    for lost in c.lost:
+        console.print(Text(f"decision lost: {lost.describe()}", "bold red"))
+    if c.not_compared:
+        console.print(
+            Text(f"not compared (B ran part of the suite): {', '.join(c.not_compared)}", "yellow")
+        )
     for side, missing in (("A", c.only_a), ("B", c.only_b)):
         if missing:
             more = f", ... ({len(missing)} in all)" if len(missing) > 5 else ""
             console.print(Text(f"only in {side}: {', '.join(missing[:5])}{more}"))
-    compared = f"{c.compared['verdicts']} verdicts and {c.compared['metrics']} metrics compared"
-    if c.regressions:
-        console.print(Text(f"regressions: {len(c.regressions)} ({compared})", "bold red"))
-    else:
-        console.print(Text(f"no verdict changed, no metric flagged ({compared})", "green"))
+    style = "bold red" if c.regressions else "green" if c.overlapped else "yellow"
+    console.print(Text(c.summary_line(), style))
 
 
 def _change_cell(m: MetricChange):

@@ -6,9 +6,13 @@ what is wrong and the fix:
 - claims declared and known: a `claim` marker on the test, its class or the module
   (`pytestmark`), with catalogue IDs;
 - a verdict per declared claim: each ID is the first argument of a `.verdict(...)` call in the
-  test or in a helper it refers to;
-- a negative control: a comment or docstring saying "negative control" in the test or in a
-  helper it refers to (the convention the scenarios follow: `# Negative control: ...`).
+  test or in a helper it refers to, and its evidence is not text fixed in the source (a string,
+  or an f-string without a {value}): it must be formatted from what was measured. Evidence built
+  any other way (a name, a helper, a join) is left to `Record.verdict`, which refuses at run time
+  evidence whose only digits are inside names such as fp16 or sm_90;
+- a negative control, asserted: a "# Negative control: ..." comment (or docstring) in the
+  test or a helper it refers to, and an assertion that reaches it; harness/controls.py has the
+  rules.
 
 "A helper it refers to" is any function or class of the same module whose name the test uses
 (called, or passed on as `run_ranks(rank_experiments, ...)` does), followed transitively, plus
@@ -32,7 +36,6 @@ import io
 import re
 import string
 import sys
-import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +43,10 @@ from pathlib import Path
 import pytest
 
 from harness.claims import unknown_ids
+from harness.controls import Controls, call_name, walk
 from harness.errors import HarnessError
 
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "scenario.py.tmpl"
-_CONTROL = re.compile(r"negative control", re.IGNORECASE)
 _NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
@@ -80,12 +83,6 @@ class _Module:
         self.path = path
         source = path.read_text(encoding="utf-8")
         self.tree = ast.parse(source, filename=str(path))
-        self.lines = source.splitlines()
-        self.comments = [
-            (token.start[0], token.string)
-            for token in tokenize.generate_tokens(io.StringIO(source).readline)
-            if token.type == tokenize.COMMENT
-        ]
         body = self.tree.body
         self.defs = {
             n.name: n
@@ -97,13 +94,17 @@ class _Module:
             for method in cls.body:
                 if isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef):
                     self.methods.setdefault(method.name, []).append(method)
+        self.controls = Controls(source, self.defs)  # the negative controls: see controls.py
         # Module-level names bound to claim IDs: CLAIM = "FMT-BITS", CLAIMS = ("A", "B").
         self.constants: dict[str, list[str]] = {}
+        self.texts: set[str] = set()  # names bound to one string: EVIDENCE = "fp16 2 bytes"
         for node in body:
             if isinstance(node, ast.Assign) and len(node.targets) == 1:
                 target, value = node.targets[0], _strings(node.value)
                 if isinstance(target, ast.Name) and value is not None:
                     self.constants[target.id] = value
+                    if isinstance(node.value, ast.Constant):
+                        self.texts.add(target.id)
 
     def tests(self) -> Iterator[_Test]:
         module_claims = self._pytestmark(self.tree.body)
@@ -148,7 +149,7 @@ class _Module:
                     claims += [_Claim(i, arg.lineno) for i in ids]
             elif name == "parametrize" and call is not None:
                 # pytest.param(..., marks=...) may declare claims for one case: count them.
-                for keyword in (k for n in ast.walk(call) for k in _keywords(n)):
+                for keyword in (k for n in walk(call) for k in _keywords(n)):
                     if keyword.arg == "marks":
                         value = keyword.value
                         per_case = self._marks(
@@ -173,7 +174,7 @@ class _Module:
         while todo:
             root = todo.pop()
             local = _local_names(root)  # a parameter `ranks` is not the fixture `ranks`
-            for node in ast.walk(root):
+            for node in walk(root):
                 if isinstance(node, ast.Name):
                     found = [self.defs[node.id]] if node.id in self.defs.keys() - local else []
                 elif isinstance(node, ast.Attribute):
@@ -189,7 +190,7 @@ class _Module:
     def verdicts(self, nodes: list[ast.AST]) -> set[str] | None:
         """Claim IDs passed first to `.verdict(...)`; None when one of them is computed."""
         ids: set[str] = set()
-        for node in (n for root in nodes for n in ast.walk(root)):
+        for node in (n for root in nodes for n in walk(root)):
             if not (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
@@ -207,31 +208,32 @@ class _Module:
             ids.update(found)
         return ids
 
-    def has_control(self, nodes: list[ast.AST]) -> bool:
+    def constant_evidence(self, nodes: list[ast.AST]) -> Iterator[ast.Call]:
+        """The `.verdict(...)` calls whose evidence is text fixed in the source: a string, an
+        f-string without a {value}, or a module constant. Anything else (a name, a call, a
+        join) may be formatted from a measurement: the plugin checks it when it runs."""
         for root in nodes:
-            start, end = root.lineno, self._end(root)
-            if any(start <= line <= end and _CONTROL.search(c) for line, c in self.comments):
-                return True
-            documented = (
-                ast.get_docstring(node) or ""
-                for node in ast.walk(root)
-                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-            )
-            if any(_CONTROL.search(text) for text in documented):
-                return True
-        return False
+            local = _local_names(root)
+            for node in walk(root):
+                if not (isinstance(node, ast.Call) and call_name(node) == "verdict"):
+                    continue
+                verdict, evidence = _argument(node, 1, "verdict"), _argument(node, 2, "evidence")
+                skipped = isinstance(verdict, ast.Constant) and verdict.value == "skipped"
+                if evidence is not None and not skipped and self._fixed(evidence, local):
+                    yield node
 
-    def _end(self, node: ast.AST) -> int:
-        """The last line of `node`, counting the comments indented under it that follow its
-        last statement (ast ends a function at its last statement)."""
-        end = node.end_lineno
-        while end < len(self.lines):
-            text = self.lines[end]
-            indent = len(text) - len(text.lstrip())
-            if text.strip() and not (text.lstrip().startswith("#") and indent > node.col_offset):
-                break
-            end += 1
-        return end
+    def _fixed(self, node: ast.expr, local: set[str]) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, str)
+        if isinstance(node, ast.JoinedStr):
+            return not any(isinstance(v, ast.FormattedValue) for v in node.values)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return self._fixed(node.left, local) and self._fixed(node.right, local)
+        if isinstance(node, ast.IfExp):
+            return self._fixed(node.body, local) and self._fixed(node.orelse, local)
+        if isinstance(node, ast.Name):
+            return node.id not in local and node.id in self.texts
+        return False
 
 
 def _is_test(node: ast.AST) -> bool:
@@ -240,12 +242,14 @@ def _is_test(node: ast.AST) -> bool:
 
 def _local_names(root: ast.AST) -> set[str]:
     """Parameters and assigned names inside `root`: they hide module-level names."""
-    names = set()
-    for node in ast.walk(root):
-        if isinstance(node, ast.arg):
-            names.add(node.arg)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
+    names = getattr(root, "_harness_local", None)
+    if names is None:
+        names = root._harness_local = set()
+        for node in walk(root):
+            if isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
     return names
 
 
@@ -278,6 +282,12 @@ def _join(*parts: list[_Claim] | None) -> list[_Claim] | None:
     if any(p is None for p in parts):
         return None
     return [claim for part in parts for claim in part]
+
+
+def _argument(call: ast.Call, index: int, keyword: str) -> ast.expr | None:
+    if len(call.args) > index:
+        return call.args[index]
+    return next((k.value for k in call.keywords if k.arg == keyword), None)
 
 
 # --- collection, for the claims only pytest can read -----------------------------------------
@@ -359,6 +369,7 @@ def _check_module(
     module: _Module, tests: list[_Test], collected: _MarkerReader | None
 ) -> Iterator[Problem]:
     path = module.path
+    reported: set[int] = set()
     for test in tests:
         line = test.node.lineno
         claims = test.claims
@@ -400,13 +411,32 @@ def _check_module(
                     f'call record.verdict("{claim_id}", verdict, evidence) in the test or a '
                     "helper it calls, with the verdict computed from what it measured",
                 )  # fmt: skip
-        if not module.has_control(helpers):
+        for call in module.constant_evidence(helpers):
+            evidence = _argument(call, 2, "evidence")
+            if id(evidence) in reported:  # a helper's verdict, reached by several tests
+                continue
+            reported.add(id(evidence))
+            claim = _argument(call, 0, "claim")
+            ids = module._ids(claim) if claim is not None else None
+            name = ids[0] if ids else "its claim"
+            yield Problem(
+                path, evidence.lineno, test.name,
+                f"the evidence for {name} is fixed text: it reads the same whatever was measured",
+                "format it from the values measured, e.g. f\"scale {before:g} -> {after:g}\", "
+                "and record them with record.metric",
+            )  # fmt: skip
+        controls = module.controls.find(helpers)
+        if not controls:
             yield Problem(
                 path, line, test.name, "no negative control",
                 "add the run that reproduces the pitfall (or shows that the measurement tells the "
                 'difference), assert it, and mark it with a comment "# Negative control: ..." in '
                 "the test or a helper it calls",
             )  # fmt: skip
+            continue
+        for control in module.controls.unasserted(test.node, controls, helpers):
+            what, fix = control.problem()
+            yield Problem(path, line, test.name, what, fix)
 
 
 def _scenario_folder(folder: Path) -> Path:

@@ -1,40 +1,77 @@
-"""What this machine can do, probed at run time (never inferred from version numbers), and the
-skip reasons a person can act on when a scenario needs something the machine lacks."""
+"""What this machine can do, probed at run time, and held against what this build and hardware
+are expected to have.
+
+Each capability a scenario needs (`@pytest.mark.requires(...)`) is, on the session's device:
+- present: its probe ran a tiny real case and saw it work;
+- absent: the hardware or the build genuinely lacks it (no GPU, a CPU-only wheel, a compute
+  capability or a torch release older than the feature): the test skips, and the reason says
+  which, so that a person can act on it;
+- a capability regression: EXPECTED says this build and hardware should have it, but the probe
+  saw otherwise, or raised. The test fails at setup, naming the capability, what the probe saw
+  and the claims it checks: a broken feature must never pass for a missing one.
+"""
 
 from __future__ import annotations
 
 import functools
+import traceback
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from harness.errors import HarnessError
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+NVIDIA_DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees
 
 
-def _works(fn) -> bool:
-    """True when a tiny probe runs and returns True; any error or warning means unsupported."""
+@dataclass(frozen=True)
+class Probe:
+    """What one capability probe saw on this device."""
+
+    works: bool
+    saw: str  # in words: "autocast(cpu, bfloat16) made a Linear output float32"
+    error: str = ""  # the probe's traceback, when it raised
+
+    @property
+    def raised(self) -> bool:
+        return bool(self.error)
+
+
+def _run_probe(fn) -> Probe:
+    """Run a probe. A warning is what the probe saw (autocast's "...Disabling autocast" is how
+    an unsupported dtype answers), never a crash; anything raised is kept with its traceback."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error")  # "...Disabling autocast" warnings mean: not supported
-            return bool(fn())
-    except Exception:
-        return False
+            warnings.simplefilter("error")
+            return fn()
+    except Warning as warning:
+        return Probe(False, f"it warned: {type(warning).__name__}: {warning}")
+    except Exception as exc:
+        return Probe(False, f"it raised {type(exc).__name__}: {exc}", traceback.format_exc())
 
 
-def _probe_autocast(device: str, dtype: torch.dtype) -> bool:
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _probe_autocast(device: str, dtype: torch.dtype) -> Probe:
     linear = torch.nn.Linear(4, 4).to(device)
     with torch.autocast(device_type=device, dtype=dtype):
-        return linear(torch.ones(2, 4, device=device)).dtype == dtype
+        out = linear(torch.ones(2, 4, device=device)).dtype
+    return Probe(
+        out == dtype, f"under autocast({device}, {_dtype(dtype)}) a Linear output {_dtype(out)}"
+    )
 
 
-def _probe_grad_scaler(device: str) -> bool:
-    return torch.amp.GradScaler(device).is_enabled()
+def _probe_grad_scaler(device: str) -> Probe:
+    enabled = torch.amp.GradScaler(device).is_enabled()
+    return Probe(enabled, f"torch.amp.GradScaler({device!r}).is_enabled() is {enabled}")
 
 
-def _probe_half_training(device: str) -> bool:
+def _probe_half_training(device: str) -> Probe:
     """`model.half()` needs half kernels for linear, batch/layer norm, forward and backward."""
     model = (
         torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.LayerNorm(4))
@@ -42,7 +79,137 @@ def _probe_half_training(device: str) -> bool:
         .half()
     )
     model(torch.ones(3, 4, device=device, dtype=torch.half)).sum().backward()
-    return model[0].weight.grad.dtype == torch.half
+    grad = model[0].weight.grad.dtype
+    return Probe(
+        grad == torch.half,
+        f"a .half() Linear-BatchNorm-LayerNorm trained with {_dtype(grad)} .grad",
+    )
+
+
+def _probe_tf32(device: str) -> Probe:
+    """TF32 rounds matmul inputs to 10 mantissa bits: with it allowed, an fp32 matmul's error
+    against float64 grows ~1000x. A flag that no longer changes the numbers is a broken TF32."""
+    if device != "cuda":
+        return Probe(False, "TF32 is an NVIDIA tensor-core format; this device is the CPU")
+    a = torch.randn(256, 256, device=device, generator=torch.Generator(device).manual_seed(0))
+    exact = a.double() @ a.double()
+    saved = torch.backends.cuda.matmul.allow_tf32
+    errors = {}
+    try:
+        for allowed in (True, False):
+            torch.backends.cuda.matmul.allow_tf32 = allowed
+            errors[allowed] = float(((a @ a).double() - exact).abs().max() / exact.abs().max())
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    return Probe(
+        errors[True] > 8 * errors[False],
+        f"a 256x256 fp32 matmul's relative error was {errors[True]:.1e} with TF32 allowed and "
+        f"{errors[False]:.1e} without",
+    )
+
+
+def _probe_fp8_matmul(device: str) -> Probe:
+    """torch._scaled_mm on float8_e4m3fn ones, as scenarios/test_speed.py times it: unit scales,
+    the second operand column-major (cuBLASLt's layout), bfloat16 out; 32 is the exact answer."""
+    if device != "cuda":
+        return Probe(False, "fp8 GEMMs are timed on CUDA (cuBLASLt) only; this device is the CPU")
+    if not hasattr(torch, "_scaled_mm"):
+        return Probe(False, f"torch {torch.__version__} has no torch._scaled_mm")
+    ones = torch.ones(32, 32, device=device).to(torch.float8_e4m3fn)
+    unit = torch.ones((), device=device)
+    out = torch._scaled_mm(
+        ones, ones.t().contiguous().t(), scale_a=unit, scale_b=unit, out_dtype=torch.bfloat16
+    )
+    value = float(out[0, 0])
+    return Probe(
+        out.dtype == torch.bfloat16 and value == 32.0,
+        f"torch._scaled_mm of two 32x32 float8_e4m3fn matrices of ones gave {value:g} in "
+        f"{_dtype(out.dtype)} (exact: 32 in bfloat16)",
+    )
+
+
+PROBES = {
+    "fp16_autocast": lambda device: _probe_autocast(device, torch.float16),
+    "bf16_autocast": lambda device: _probe_autocast(device, torch.bfloat16),
+    "grad_scaler": _probe_grad_scaler,
+    "half_training": _probe_half_training,
+    "tf32": _probe_tf32,
+    "fp8_matmul": _probe_fp8_matmul,
+}
+
+CAPABILITY_TEXT = {
+    "cuda": "CUDA",
+    "fp16_autocast": "float16 autocast",
+    "bf16_autocast": "bfloat16 autocast",
+    "grad_scaler": "a working torch.amp.GradScaler for this device",
+    "half_training": "float16 kernels to train a .half() model (linear, batch and layer norm)",
+    "tf32": "TF32 tensor cores (an NVIDIA GPU of compute capability 8.0 or newer)",
+    "fp8_matmul": "an fp8 matmul (torch._scaled_mm on float8_e4m3fn, compute capability 8.9+)",
+}
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A capability this build and hardware should have: from `torch` on, and on CUDA from
+    compute capability `cc`. `source` says why it is expected."""
+
+    torch: tuple[int, int] = (2, 4)
+    cc: tuple[int, int] | None = None
+    source: str = ""
+
+
+# What a capability's absence means, per device type. Not listed: never expected there (TF32 on
+# the CPU), so its absence is a skip.
+EXPECTED: dict[tuple[str, str], Expected] = {
+    ("cpu", "fp16_autocast"): Expected(
+        (2, 5), source="float16 is a documented CPU autocast dtype from torch 2.5"
+    ),
+    ("cpu", "bf16_autocast"): Expected(source="CPU autocast has run bfloat16 since torch 1.10"),
+    ("cpu", "grad_scaler"): Expected(source='torch.amp.GradScaler("cpu") exists since torch 2.3'),
+    ("cpu", "half_training"): Expected(
+        source="torch 2.4 ships float16 CPU kernels for linear, batch_norm and layer_norm"
+    ),
+    ("cuda", "fp16_autocast"): Expected(source="float16 is CUDA autocast's default dtype"),
+    ("cuda", "grad_scaler"): Expected(source="torch.amp.GradScaler was made for CUDA"),
+    ("cuda", "half_training"): Expected(source="every CUDA GPU torch supports has fp16 kernels"),
+    ("cuda", "bf16_autocast"): Expected(
+        cc=(8, 0), source="bfloat16 tensor cores from Ampere (sm_80) on"
+    ),
+    ("cuda", "tf32"): Expected(cc=(8, 0), source="TF32 tensor cores from Ampere (sm_80) on"),
+    ("cuda", "fp8_matmul"): Expected(
+        (2, 5),
+        (8, 9),
+        "fp8 tensor cores from Ada and Hopper (sm_89, sm_90) on, with "
+        "torch._scaled_mm's single-tensor result from torch 2.5",
+    ),
+}
+
+
+def _torch_release() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+@dataclass(frozen=True)
+class Lack:
+    """Why this device cannot run something. `regression`: it should be able to."""
+
+    capability: str
+    reason: str
+    regression: bool = False
+    error: str = ""  # the probe's traceback, when it raised
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class CapabilityRegression(HarnessError):
+    """A capability expected here is broken: raised inside a test that uses it where present
+    (DeviceInfo.optional); the plugin records the test as a capability regression."""
+
+    def __init__(self, lack: Lack):
+        self.lack = lack
+        super().__init__(lack.reason)
 
 
 @dataclass(frozen=True)
@@ -53,31 +220,87 @@ class DeviceInfo:
     name: str  # "cpu" or the GPU's name
     gpu_count: int
     compute_capability: tuple[int, int] | None
-    capabilities: dict[str, bool] = field(default_factory=dict, hash=False)  # hashable: a key
+    capabilities: dict[str, Probe] = field(default_factory=dict, hash=False)  # hashable: a key
 
     @property
     def torch_device(self) -> torch.device:
         return torch.device(self.type)
 
-    def missing(self, *needs: str, gpus: int = 0) -> str | None:
+    def missing(self, *needs: str, gpus: int = 0) -> Lack | None:
         """Why this device cannot run something that needs `needs`, or None if it can."""
         for need in needs:
             if need not in CAPABILITY_TEXT:
                 raise HarnessError(
                     f"unknown capability {need!r}: known are {', '.join(sorted(CAPABILITY_TEXT))}"
                 )
-            if need == "cuda":
-                if self.type != "cuda" and self.gpu_count == 0:
-                    return _no_cuda_reason()
-                if self.type != "cuda":
-                    return (
-                        "needs CUDA: this session runs on the CPU (pass --amp-device cuda or auto)"
-                    )
-            elif not self.capabilities.get(need, False):
-                return f"needs {CAPABILITY_TEXT[need]}: not available on {self.describe()}"
+            lack = self._cuda_lack() if need == "cuda" else self._lack(need)
+            if lack:
+                return lack
         if gpus > self.gpu_count:
-            return f"needs {gpus} CUDA GPUs, found {self.gpu_count}"
+            return Lack("gpus", f"needs {gpus} CUDA GPUs, found {self.gpu_count}")
         return None
+
+    def optional(self, need: str) -> Lack | None:
+        """For a capability a test uses only where present (test_speed's fp8 arm): None when
+        present, why not when genuinely absent; raises CapabilityRegression when expected here."""
+        lack = self.missing(need)
+        if lack and lack.regression:
+            raise CapabilityRegression(lack)
+        return lack
+
+    def _cuda_lack(self) -> Lack | None:
+        if self.type == "cuda":
+            return None
+        if self.gpu_count:
+            return Lack(
+                "cuda", "needs CUDA: this session runs on the CPU (pass --amp-device cuda or auto)"
+            )
+        listed = _driver_gpus()
+        if torch.version.cuda and listed:  # the hardware and the build are there; CUDA is not
+            return Lack(
+                "cuda",
+                f"capability regression: CUDA: the NVIDIA driver lists {listed} GPU(s) and torch "
+                f"{torch.__version__} is built for CUDA {torch.version.cuda}, but "
+                "torch.cuda.is_available() is False (a driver/runtime mismatch?)",
+                regression=True,
+            )
+        return Lack("cuda", _no_cuda_reason())
+
+    def _lack(self, need: str) -> Lack | None:
+        seen = self.capabilities.get(need)
+        if seen is not None and seen.works:
+            return None
+        text = CAPABILITY_TEXT[need]
+        saw = seen.saw if seen else "not probed"
+        expected, why_not = self.expectation(need)
+        if expected is None:
+            return Lack(need, f"needs {text}: {why_not} ({saw})")
+        what = "the probe raised" if seen and seen.raised else "the probe says no"
+        return Lack(
+            need,
+            f"capability regression: {text} is expected on {self.describe()}, as "
+            f"{expected.source}; but {what}: {saw}",
+            regression=True,
+            error=seen.error if seen else "",
+        )
+
+    def expectation(self, need: str) -> tuple[Expected | None, str]:
+        """(what EXPECTED says of `need` here, or None with why it is not expected)."""
+        expected = EXPECTED.get((self.type, need))
+        if expected is None:
+            return None, f"not expected on {self.describe()}"
+        if _torch_release() < expected.torch:
+            release = ".".join(map(str, expected.torch))
+            return None, f"not in torch {torch.__version__}, expected from torch {release}"
+        if expected.cc and (self.compute_capability or (0, 0)) < expected.cc and not _rocm():
+            major, minor = expected.cc
+            return None, f"{self.name} is older than compute capability {major}.{minor}"
+        return expected, ""
+
+    def regressions(self) -> dict[str, Lack]:
+        """Every capability expected here that the probes found missing."""
+        found = {need: self._lack(need) for need in PROBES}
+        return {need: lack for need, lack in found.items() if lack and lack.regression}
 
     def describe(self) -> str:
         if self.type == "cpu":
@@ -86,14 +309,16 @@ class DeviceInfo:
         return f"{self.name} (sm_{major}{minor}, torch {torch.__version__})"
 
 
-CAPABILITY_TEXT = {
-    "cuda": "CUDA",
-    "fp16_autocast": "float16 autocast",
-    "bf16_autocast": "bfloat16 autocast",
-    "grad_scaler": "a working torch.amp.GradScaler for this device",
-    "half_training": "float16 kernels to train a .half() model (linear, batch and layer norm)",
-    "tf32": "TF32 tensor cores (an NVIDIA GPU of compute capability 8.0 or newer)",
-}
+def _rocm() -> bool:
+    """A ROCm build answers as "cuda", but compute capabilities are NVIDIA's scale."""
+    return torch.version.hip is not None
+
+
+def _driver_gpus() -> int:
+    try:
+        return sum(1 for _ in NVIDIA_DRIVER_GPUS.iterdir())
+    except OSError:
+        return 0
 
 
 def _no_cuda_reason() -> str:
@@ -112,16 +337,13 @@ def probe(device_type: str) -> DeviceInfo:
         name, cc = props.name, (props.major, props.minor)
     else:
         name, cc = "cpu", None
-    caps = {
-        "fp16_autocast": _works(lambda: _probe_autocast(device_type, torch.float16)),
-        "bf16_autocast": _works(lambda: _probe_autocast(device_type, torch.bfloat16)),
-        "grad_scaler": _works(lambda: _probe_grad_scaler(device_type)),
-        "half_training": _works(lambda: _probe_half_training(device_type)),
-        "tf32": device_type == "cuda" and cc >= (8, 0),
-    }
-    if device_type == "cuda":
-        # Autocast accepts bf16 on pre-Ampere GPUs and emulates it slowly; ask the driver.
-        caps["bf16_autocast"] = caps["bf16_autocast"] and torch.cuda.is_bf16_supported()
+    caps = {need: _run_probe(lambda fn=fn: fn(device_type)) for need, fn in PROBES.items()}
+    if device_type == "cuda" and caps["bf16_autocast"].works and cc < (8, 0) and not _rocm():
+        # Autocast accepts bf16 on pre-Ampere GPUs and emulates it slowly: not the real thing.
+        caps["bf16_autocast"] = Probe(
+            False,
+            f"autocast ran bfloat16, emulated: sm_{cc[0]}{cc[1]} has no bfloat16 tensor cores",
+        )
     return DeviceInfo(device_type, name, gpu_count, cc, caps)
 
 

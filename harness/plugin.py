@@ -30,11 +30,13 @@ from harness.journal import JOURNAL_NAME, Journal
 from harness.record import Record
 from harness.table import render
 from harness.tracking import DEFAULT_EXPERIMENT, MlflowSink, redact, resolve_uri
+from harness.verdicts import CAPABILITY_REGRESSION
 
 WORKER_FLAG = "--amp-worker-output"
 _STATE = pytest.StashKey["AmpSession"]()
 _RECORD = pytest.StashKey[Record]()
 _OUTCOME = pytest.StashKey[list]()  # (outcome, message) per phase that did not pass
+_REGRESSION = pytest.StashKey[devices.Lack]()  # a capability expected here, found missing
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -129,6 +131,8 @@ class AmpSession:
     current: Record | None = None  # the test running now: recorded as interrupted on Ctrl-C
     worker_reports: list[dict] = field(default_factory=list)  # in a worker: for the parent
     shared: bool = False  # a pytest-xdist worker recording into its controller's session
+    selected: set[str] = field(default_factory=set)  # scenario tests this session set out to run
+    deselected: int = 0  # scenario tests deselected (-k, -m, --deselect, --lf, ...)
 
     def is_scenario(self, path: Path) -> bool:
         return Path(path).resolve().is_relative_to(self.scenarios)
@@ -186,9 +190,37 @@ class AmpSession:
             if option != "auto":
                 raise
 
-    def compare_with_baseline(self) -> None:
+    def left_out(self) -> list[str]:
+        """What of the scenario suite this session did not run, in words; [] for all of it."""
+        found = []
+        chosen = [
+            f"{flag} {value!r}"
+            for option, flag in (("keyword", "-k"), ("markexpr", "-m"))
+            if (value := self.config.getoption(option, ""))
+        ]
+        if chosen:
+            found.append(f"tests selected with {' '.join(chosen)}")
+        elif self.deselected:
+            found.append(f"{self.deselected} scenario test(s) deselected")
+        named = [a for a in self.config.args if "::" in a]
+        if named:
+            found.append(f"tests named one by one: {', '.join(named)}")
+        root = self.config.rootpath
+        ran_modules = {(root / nodeid.split("::")[0]).resolve() for nodeid in self.selected}
+        modules = sorted(p.name for p in self.scenarios.glob("test_*.py") if p not in ran_modules)
+        if modules:
+            found.append(f"scenario modules not run: {', '.join(modules)}")
+        recorded = {r.test for r in self.session_records()}
+        never = sorted(self.selected - recorded)
+        if never:
+            found.append(f"{len(never)} selected test(s) never ran (-x, or a crash?)")
+        return found
+
+    def compare_with_baseline(self, ending: dict) -> None:
+        """Compare with the baseline before the session's end is recorded (a regression may
+        fail the session): `ending` is the end entry to be."""
         if self.baseline_summary is not None:
-            session = baseline.summarize(self.journal, self.entry["session_id"])
+            session = baseline.summarize(self.journal, self.entry["session_id"], ending)
             self.comparison = compare.compare(
                 self.baseline_summary, session, labels=(str(self.baseline), "this session")
             )
@@ -343,10 +375,24 @@ def pytest_make_collect_report(collector: pytest.Collector):
     return report
 
 
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        state = _state(items[0].config)
+        state.deselected += sum(state.is_scenario(item.path) for item in items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """pytest-xdist: the controller learns what its workers collected (it collects nothing)."""
+    state = _state(node.config)
+    state.selected |= {i for i in ids if state.is_scenario(node.config.rootpath / i.split("::")[0])}
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     state = _state(session.config)
     if session.config.option.collectonly:
         return  # nothing runs, nothing to record
+    state.selected = {item.nodeid for item in session.items if state.is_scenario(item.path)}
     if any(state.is_scenario(item.path) for item in session.items):
         if state.device.type == "cpu":
             # The scenarios' models are small: a second thread barely helps them, a fixed count
@@ -388,15 +434,22 @@ def _new_record(item: pytest.Item, state: AmpSession) -> Record:
     )
 
 
-def _missing_requirement(item: pytest.Item, state: AmpSession) -> str | None:
+def _missing_requirement(item: pytest.Item, state: AmpSession) -> devices.Lack | None:
+    """What the test needs and the device lacks: a regression first, wherever it is marked."""
+    lacks = []
     for marker in item.iter_markers("requires"):
         try:
-            reason = state.device.missing(*marker.args, **marker.kwargs)
+            lack = state.device.missing(*marker.args, **marker.kwargs)
         except (HarnessError, TypeError) as exc:
             raise HarnessError(f"{item.nodeid}: @pytest.mark.requires: {exc}") from None
-        if reason:
-            return reason
-    return None
+        if lack:
+            lacks.append(lack)
+    return min(lacks, key=lambda lack: not lack.regression, default=None)
+
+
+def _regression_message(lack: devices.Lack, claims: list[str]) -> str:
+    text = f"{lack.reason}. Claims of this test: {', '.join(claims) or 'none'}."
+    return f"{text}\nThe probe's traceback:\n{lack.error}" if lack.error else text
 
 
 def _shared_device(item: pytest.Item, state: AmpSession) -> str | None:
@@ -453,9 +506,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     state = _state(item.config)
     if not state.is_scenario(item.path):
         return
-    item.stash[_RECORD] = state.current = _new_record(item, state)
+    item.stash[_RECORD] = record = state.current = _new_record(item, state)
     item.stash[_OUTCOME] = []
-    reason = _missing_requirement(item, state) or _shared_device(item, state)
+    lack = _missing_requirement(item, state)
+    if lack and lack.regression:
+        # Expected on this build and hardware, and broken: a failure, never a skip.
+        item.stash[_REGRESSION] = lack
+        pytest.fail(_regression_message(lack, record.claims), pytrace=False)
+    reason = str(lack) if lack else _shared_device(item, state)
     if reason:
         # A skip mark, not pytest.skip(): the report then points at the test, not here.
         item.add_marker(pytest.mark.skip(reason=reason))
@@ -467,6 +525,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if _RECORD not in item.stash:
         return report
     record = item.stash[_RECORD]
+    if call.excinfo is not None and isinstance(call.excinfo.value, devices.CapabilityRegression):
+        item.stash[_REGRESSION] = call.excinfo.value.lack  # raised by DeviceInfo.optional
     if call.when == "call" and report.passed and record.missing_verdicts():
         # The contract: a passing scenario has decided every claim it declares.
         report.outcome = "failed"
@@ -498,6 +558,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def _finish(item: pytest.Item, record: Record) -> None:
     outcomes = item.stash[_OUTCOME]
     record.outcome, record.message = outcomes[0] if outcomes else ("passed", "")
+    if _REGRESSION in item.stash:
+        record.outcome, record.message = CAPABILITY_REGRESSION, item.stash[_REGRESSION].reason
     if record.outcome == "skipped":
         for claim in record.missing_verdicts():
             record.verdict(claim, "skipped", record.message)
@@ -553,17 +615,23 @@ def _write_comparison(terminalreporter, state: AmpSession) -> None:
             f"amp-harness: {compare.MissingBaseline(state.baseline)}", yellow=True
         )
         return
-    compared = comparison.compared
-    counts = f"{compared['verdicts']} verdicts, {compared['metrics']} metrics compared"
-    if not comparison.regressions:
+    if comparison.not_compared:
         terminalreporter.write_line(
-            f"baseline {state.baseline}: no verdict changed, no metric flagged ({counts})",
-            green=True,
+            f"baseline {state.baseline}: not compared, this session ran part of the suite "
+            f"({'; '.join(comparison.b_lacks)}): {', '.join(comparison.not_compared)}",
+            yellow=True,
+        )
+    if not comparison.regressions:
+        overlapped = comparison.overlapped
+        terminalreporter.write_line(
+            f"baseline {state.baseline}: {comparison.summary_line()}",
+            green=overlapped,
+            yellow=not overlapped,
         )
         return
     failing = state.config.getoption("amp_fail_on_regression")
     terminalreporter.write_line(
-        f"baseline {state.baseline}: regressions: {len(comparison.regressions)} ({counts})"
+        f"baseline {state.baseline}: {comparison.summary_line()}"
         + ("; --amp-fail-on-regression fails the session" if failing else ""),
         red=True,
         bold=True,
@@ -595,8 +663,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         state.finish(record)
     if state.shared:
         return  # a pytest-xdist worker: the controller ends the session
+    end = {"type": "session_end", "session_id": state.entry["session_id"]}
+    end["left_out"] = state.left_out()
     # Before the session's end is recorded: a regression that fails the session is its status.
-    state.compare_with_baseline()
+    state.compare_with_baseline(end)
     if (
         state.comparison is not None
         and state.comparison.regressions
@@ -607,13 +677,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     counts: dict[str, int] = {}
     for r in state.session_records():
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    end = {
-        "type": "session_end",
-        "session_id": state.entry["session_id"],
-        "ended": time.time(),
-        "exitstatus": int(session.exitstatus),
-        "counts": counts,
-    }
+    end.update(ended=time.time(), exitstatus=int(session.exitstatus), counts=counts)
     state.journal.append(end)
     if state.sink:
         state.sink.end_session(state.entry, end)

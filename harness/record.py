@@ -19,6 +19,12 @@ from harness.claims import check_verdict
 from harness.errors import HarnessError
 
 _METRIC_NAME = re.compile(r"^[A-Za-z0-9_\-./ ]+$")  # what MLflow accepts as a key
+# Evidence read as names and numbers, left to right: a run of letters, digits and _ that starts
+# with a letter is a name (fp16, float32, sm_90, e4m3fn, H200), whose digits measure nothing; a
+# run of digits elsewhere is a number (65536, 0.19, 2**-25, 3/4, 1e-7, 12%). "x1000" is a factor.
+_NAME_OR_NUMBER = re.compile(
+    r"(?P<factor>x\d[\d.]*)\b|(?P<name>[^\W\d]\w*)|(?P<number>\d+(?:\.\d+)?)"
+)
 
 
 @dataclass
@@ -78,10 +84,14 @@ class Record:
                 f"@pytest.mark.claim names {', '.join(self.claims)}: add {claim!r} there"
             )
         check_verdict(verdict)
-        if verdict != "skipped" and not re.search(r"\d", evidence):
+        # A skipped verdict's evidence is the skip reason: there was nothing to measure.
+        numbers, names = _read(evidence)
+        if verdict != "skipped" and not numbers:
+            inside = f" (only inside the names {', '.join(names)})" if names else ""
             raise HarnessError(
-                f"{self.test}: the evidence for {claim} carries no number: say what was "
-                f"measured (e.g. 'scale 65536 -> 32768 after an injected inf')"
+                f"{self.test}: the evidence for {claim} carries no number{inside}: say what was "
+                f"measured, formatted from the values (e.g. f'scale {{before:g}} -> {{after:g}} "
+                f"after an injected inf', which reads 'scale 65536 -> 32768 ...')"
             )
         self.verdicts[claim] = Verdict(claim, verdict, evidence)
 
@@ -105,6 +115,14 @@ class Record:
         data["metrics"] = {k: float(v) for k, v in data["metrics"].items()}
         data["histories"] = {k: [float(v) for v in vs] for k, vs in data["histories"].items()}
         return cls(**data)
+
+
+def _read(evidence: str) -> tuple[list[str], list[str]]:
+    """The numbers standing on their own in `evidence`, and the names with digits inside."""
+    found = list(_NAME_OR_NUMBER.finditer(evidence))
+    numbers = [m[0] for m in found if not m["name"]]
+    names = [m["name"] for m in found if m["name"] and any(c.isdigit() for c in m["name"])]
+    return numbers, list(dict.fromkeys(names))
 
 
 def _key(name: str) -> str:

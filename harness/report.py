@@ -27,25 +27,26 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import harness
-from harness import tracking
-from harness.claims import VERDICTS, catalogue
+from harness import tracking, verdicts
+from harness.claims import catalogue
 from harness.errors import HarnessError
 from harness.tracking import DEFAULT_EXPERIMENT
 
 DEFAULT_NAME = "report"  # a fixed name, overwritten by the next build: a stable path to bookmark
 EMBEDDED_UI = "http://127.0.0.1:5000"  # what `amp-harness ui` (and `mlflow ui`) serve by default
-NO_VERDICT = "no verdict"  # a test that declared the claim but failed before deciding it
 TEMPLATE = "report.html.j2"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PAGE = 5000  # runs per search_runs call: under every store's maximum (SQLite and REST: 50,000)
-# Verdict colours, shared by the HTML (CSS classes) and the overview figure.
+# Colours per kind of entry (a verdict that stands, or what voided it), shared by the HTML (CSS
+# classes) and the overview figure.
 COLOURS = {
     "confirmed": "#2e7d32",
     "refuted": "#c62828",
     "partly": "#ef8f00",
     "inconclusive": "#7b1fa2",
     "skipped": "#9e9e9e",
-    NO_VERDICT: "#37474f",
+    "failed": "#37474f",
+    "capability-regression": "#b71c1c",
 }
 
 Comparison = str | Sequence[Mapping[str, object]] | None
@@ -53,13 +54,24 @@ Comparison = str | Sequence[Mapping[str, object]] | None
 
 @dataclass
 class Entry:
-    """One test's verdict on one claim, with the link to its MLflow run."""
+    """One test's verdict on one claim, as it counts (harness.verdicts), with the link to its
+    MLflow run."""
 
     claim: str
-    verdict: str  # one of VERDICTS, or NO_VERDICT
+    verdict: str  # the status's label: "partly", "failed (was: partly)", "skipped", ...
+    kind: str  # a COLOURS key: the verdict that stands, or what voided it
     evidence: str
     test: str  # pytest node id
     url: str
+
+
+@dataclass
+class Cell:
+    """One claim in one environment: its verdict across the tests (None: not run), and each
+    test's entry."""
+
+    verdict: verdicts.ClaimVerdict | None
+    entries: list[Entry]
 
 
 @dataclass
@@ -104,7 +116,7 @@ def build(
 
     environments = _latest_sessions(runs, link)
     ledger = [
-        (claim, [_entries(claim.id, env, link) for env in environments])
+        (claim, [_cell(claim.id, env, link) for env in environments])
         for claim in catalogue().values()
     ]
     built = time.time()
@@ -114,7 +126,7 @@ def build(
     try:
         figures = [_figures(env, tracking_uri, work, i) for i, env in enumerate(environments)]
         counts = [
-            Counter(e.verdict for _claim, cells in ledger for e in cells[i])
+            Counter(e.kind for _claim, cells in ledger for e in cells[i].entries)
             for i in range(len(environments))
         ]
         overview = _overview(environments, counts, work) if environments else None
@@ -129,12 +141,13 @@ def build(
             "counts": counts,
             "ledger": ledger,
             "uncovered": _uncovered(runs),
+            "regressions": [_capability_regressions(env) for env in environments],
             "unknown": _unknown_claims(runs),
             "figures": figures,
             "overview": overview,
             "comparison": comparison,
             "comparison_columns": _columns(comparison),
-            "verdict_order": [*VERDICTS, NO_VERDICT],
+            "verdict_order": list(COLOURS),
             "colours": COLOURS,
             "when": _when,
         }
@@ -277,52 +290,78 @@ def _disambiguate(environments: list[Environment]) -> None:
             env.label += " (" + ", ".join(f"{k} {env.facts.get(k, 'n/a')}" for k in differing) + ")"
 
 
-def _entries(claim: str, env: Environment, link) -> list[Entry]:
-    entries = []
+def _status(run, claim: str) -> verdicts.Status:
+    """The test run's verdict on `claim` as it counts: what it recorded, voided by a failure."""
+    tags = run.data.tags
+    return verdicts.status(
+        tags.get(f"verdict.{claim}"),
+        tags.get(f"evidence.{claim}", ""),
+        tags.get("outcome", "?"),
+        tags.get("outcome.message", ""),
+        tags.get("amp.test", run.info.run_name),
+    )
+
+
+def _kind(status: verdicts.Status) -> str:
+    if status.stands:
+        return status.label
+    return {verdicts.REGRESSION: "capability-regression"}.get(status.kind, status.kind)
+
+
+def _cell(claim: str, env: Environment, link) -> Cell:
+    entries, statuses = [], []
     for run in env.tests:
-        tags = run.data.tags
-        if claim not in tags.get("claims", "").split(","):
+        if claim not in run.data.tags.get("claims", "").split(","):
             continue
-        verdict = tags.get(f"verdict.{claim}")
-        if verdict:
-            evidence = tags.get(f"evidence.{claim}", "")
-        else:  # the test failed before deciding: show why, as the verdict table does
-            verdict = NO_VERDICT
-            evidence = f"test {tags.get('outcome', '?')}: {tags.get('outcome.message', '')}"
+        status = _status(run, claim)
+        statuses.append(status)
         entries.append(
             Entry(
                 claim=claim,
-                verdict=verdict,
-                evidence=evidence,
-                test=tags.get("amp.test", run.info.run_name),
+                verdict=status.label,
+                kind=_kind(status),
+                evidence=status.evidence,
+                test=status.test,
                 url=link(run.info.run_id),
             )
         )
-    return entries
+    return Cell(verdicts.aggregate(statuses), entries)
+
+
+def _capability_regressions(env: Environment) -> list[tuple[str, str, str]]:
+    """(what was missing, tests, claims) for each capability regression of the session."""
+    found: dict[str, list] = defaultdict(list)
+    for run in env.tests:
+        if run.data.tags.get("outcome") == verdicts.CAPABILITY_REGRESSION:
+            found[run.data.tags.get("outcome.message", "")].append(run)
+    return [
+        (
+            message,
+            ", ".join(r.data.tags.get("amp.test", r.info.run_name) for r in runs),
+            ", ".join(dict.fromkeys(c for r in runs for c in r.data.tags["claims"].split(","))),
+        )
+        for message, runs in found.items()
+    ]
 
 
 def _uncovered(runs: list) -> list[tuple[str, str, str]]:
-    """(claim, statement, why) for each claim with no decided verdict in any run of the
-    experiment: 'no verdict in any run', or 'only skipped' with the skip reasons."""
-    seen: dict[str, list[str]] = defaultdict(list)  # claim -> evidence of its skips
-    decided: set[str] = set()
+    """(claim, statement, why) for each claim with no verdict that stands (decided by a test
+    that passed) in any run of the experiment: why is 'no verdict in any run', or what the
+    runs that tried it show (skip reasons, failures)."""
+    tried: dict[str, list[verdicts.Status]] = defaultdict(list)
     for run in runs:
         if run.data.tags.get("amp.kind") != "test":
             continue
-        for key, verdict in run.data.tags.items():
-            if key.startswith("verdict."):
-                claim = key.removeprefix("verdict.")
-                if verdict == "skipped":
-                    seen[claim].append(run.data.tags.get(f"evidence.{claim}", ""))
-                else:
-                    decided.add(claim)
+        for claim in filter(None, run.data.tags.get("claims", "").split(",")):
+            tried[claim].append(_status(run, claim))
     uncovered = []
     for claim in catalogue().values():
-        if claim.id in decided:
+        statuses = tried.get(claim.id, [])
+        if any(s.stands for s in statuses):
             continue
-        if claim.id in seen:
-            reasons = sorted({r for r in seen[claim.id] if r})
-            why = "only skipped" + (f": {'; '.join(reasons)}" if reasons else "")
+        if statuses:
+            reasons = sorted({f"{s.label}: {s.evidence}" for s in statuses if s.evidence})
+            why = "no verdict that stands" + (f": {'; '.join(reasons)}" if reasons else "")
         else:
             why = "no verdict in any run"
         uncovered.append((claim.id, claim.statement, why))
@@ -380,10 +419,10 @@ def _overview(environments: list[Environment], counts: list[Counter], work: Path
     ax = fig.subplots()
     labels = [env.label for env in environments]
     left = [0] * len(environments)
-    for verdict in (*VERDICTS, NO_VERDICT):
-        widths = [c.get(verdict, 0) for c in counts]
+    for kind, colour in COLOURS.items():
+        widths = [c.get(kind, 0) for c in counts]
         if any(widths):
-            ax.barh(labels, widths, left=left, color=COLOURS[verdict], label=verdict)
+            ax.barh(labels, widths, left=left, color=colour, label=kind)
             left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()
     ax.set_xlabel("verdicts in the latest session (one per claim and test)")
@@ -428,13 +467,24 @@ def _markdown(context: dict) -> str:
     for claim, cells in context["ledger"]:
         row = [
             "<br>".join(
-                f"[{e.verdict}]({e.url}): {_md(e.evidence)} ({_md(e.test.split('::')[-1])})"
-                for e in entries
+                ([f"**{_md(cell.verdict.label)}**"] if len(cell.entries) > 1 else [])
+                + [
+                    f"[{_md(e.verdict)}]({e.url}): {_md(e.evidence)} "
+                    f"({_md(e.test.split('::')[-1])})"
+                    for e in cell.entries
+                ]
             )
             or "not run"
-            for entries in cells
+            for cell in cells
         ]
         lines.append(f"| {claim.id} | " + " | ".join(row) + " |")
+    regressions = [
+        f"- {_md(env.label)}: {_md(what)} (tests {_md(tests)}; claims {_md(claims)})"
+        for env, found in zip(environments, context["regressions"], strict=True)
+        for what, tests, claims in found
+    ]
+    if regressions:
+        lines += ["", "## Capability regressions", ""] + regressions
     lines += ["", "## Claims no scenario covers", ""]
     lines += [f"- {cid}: {_md(why)}" for cid, _statement, why in context["uncovered"]] or [
         "Every claim has a verdict."

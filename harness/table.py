@@ -1,4 +1,5 @@
-"""The verdict table printed at the end of a session: claim, verdict, evidence, device."""
+"""The verdict table printed at the end of a session: one row per claim, its verdict across the
+session's tests (harness.verdicts' rule), and each test's own status and evidence."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import io
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from harness import verdicts
 from harness.claims import catalogue
 from harness.record import Record
 
@@ -17,35 +20,54 @@ VERDICT_STYLE = {
     "inconclusive": "magenta",
     "skipped": "dim",
 }
+KIND_STYLE = {verdicts.FAILED: "bold red", verdicts.REGRESSION: "bold red reverse"}
 
 
-def verdict_rows(records: list[Record]) -> list[tuple[str, str, str, str, str]]:
-    """(claim, verdict, evidence, device, test) in catalogue order; a claim whose test failed
-    before deciding shows the failure instead of a verdict."""
+def verdict_rows(records: list[Record]) -> list[tuple[str, str, str, str]]:
+    """(claim, verdict, evidence, device) in catalogue order. With one test the evidence is its
+    own; with several, each test's line names it and its status."""
     order = {claim_id: i for i, claim_id in enumerate(catalogue())}
+    devices = {r.test: r.device for r in records}
     rows = []
+    for claim, verdict in verdicts.by_claim(records).items():
+        device = "; ".join(dict.fromkeys(devices[s.test] for s in verdict.statuses))
+        rows.append((claim, verdict.label, verdict.evidence, device))
+    return sorted(rows, key=lambda row: order.get(row[0], len(order)))
+
+
+def regressions(records: list[Record]) -> list[str]:
+    """One line per capability regression, apart from the skips: capability, tests, claims."""
+    found: dict[str, list[Record]] = {}
     for record in records:
-        for claim in record.claims:
-            verdict = record.verdicts.get(claim)
-            if verdict:
-                rows.append((claim, verdict.verdict, verdict.evidence, record.device, record.test))
-            else:
-                note = f"no verdict: test {record.outcome}: {record.message}".strip(": ")
-                rows.append((claim, "-", note, record.device, record.test))
-    return sorted(rows, key=lambda row: (order.get(row[0], len(order)), row[4]))
+        if record.outcome == verdicts.CAPABILITY_REGRESSION:
+            found.setdefault(record.message, []).append(record)
+    return [
+        f"{message} ({len(group)} test{'s' if len(group) > 1 else ''}; claims "
+        f"{', '.join(dict.fromkeys(c for r in group for c in r.claims))})"
+        for message, group in found.items()
+    ]
+
+
+def _style(label: str) -> str:
+    kind = next((k for k in KIND_STYLE if label.startswith(k)), None)
+    if kind:
+        return KIND_STYLE[kind]
+    return VERDICT_STYLE.get(label, "yellow")  # "mixed (...)": tests disagree
 
 
 def render(records: list[Record], width: int, color: bool) -> str:
     devices = sorted({record.device for record in records})
     table = Table(title=f"amp-harness verdicts on {'; '.join(devices)}", expand=True)
     table.add_column("claim", no_wrap=True)
-    table.add_column("verdict", no_wrap=True)
+    table.add_column("verdict", max_width=24, overflow="fold")
     table.add_column("evidence", ratio=1, overflow="fold")  # the evidence gets the room
     table.add_column("device", max_width=16, overflow="fold")
-    for claim, verdict, evidence, device, _test in verdict_rows(records):
-        table.add_row(
-            claim, verdict, evidence, device, style=VERDICT_STYLE.get(verdict, "bold red")
-        )
+    for claim, verdict, evidence, device in verdict_rows(records):
+        # Text, never markup: evidence and test ids carry brackets.
+        table.add_row(claim, Text(verdict), Text(evidence), Text(device), style=_style(verdict))
     out = io.StringIO()
-    Console(file=out, width=width, force_terminal=color, no_color=not color).print(table)
+    console = Console(file=out, width=width, force_terminal=color, no_color=not color)
+    console.print(table)
+    for line in regressions(records):
+        console.print(Text(line), style=KIND_STYLE[verdicts.REGRESSION])
     return out.getvalue()

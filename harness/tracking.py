@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from harness import verdicts
 from harness.errors import HarnessError
 from harness.journal import Journal
 from harness.record import Record
@@ -44,6 +45,7 @@ _STATUS = {
     "failed": "FAILED",
     "error": "FAILED",
     "interrupted": "KILLED",  # Ctrl-C
+    verdicts.CAPABILITY_REGRESSION: "FAILED",
 }
 _TAG_LIMIT = 5000  # MLflow accepts 8000 characters; evidence longer than this is cut
 _PASSWORD = re.compile(r"(://[^:/@\s]+):[^@\s]*@")  # the ":pw" of scheme://user:pw@host
@@ -197,8 +199,10 @@ class MlflowSink:
             **_env_tags(session),
         }
         for v in record.verdicts.values():
-            tags[f"verdict.{v.claim}"] = v.verdict
+            tags[f"verdict.{v.claim}"] = v.verdict  # as recorded, before the outcome was known
             tags[f"evidence.{v.claim}"] = v.evidence[:_TAG_LIMIT]
+        for claim, found in verdicts.of_record(record).items():
+            tags[f"status.{claim}"] = found.label  # what counts: "failed (was: partly)", ...
         run_id = self.client.create_run(
             self._experiment(), int(record.started * 1000), tags
         ).info.run_id

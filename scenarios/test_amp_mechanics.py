@@ -7,7 +7,8 @@ Shown with forward hooks (and gradient hooks on their outputs) on a small probe 
 of single ops, and a log of the casts autocast makes:
 - the forward pass is not all fp16: matmuls are, the loss (and on CUDA the ops on the fp32 list:
   layer_norm, softmax, exp, ...) is fp32;
-- backward runs in each forward op's dtype, but every fp32 parameter's `.grad` is fp32;
+- backward's matmuls run on fp16 inputs wherever the forward matmul did (a dispatch mode logs
+  the aten ops backward executes), but every fp32 parameter's `.grad` is fp32;
 - there is no separate fp32 master copy: the fp32 parameters are the weights, updated in fp32;
   autocast's fp16 weight copies are made inside the region and are gone after the step;
 - the dtype is chosen per op (lowered, promoted to fp32, or the input's), by per-device lists;
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from harness import recipes
 
@@ -75,13 +77,74 @@ def _probe_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 8, generator=generator), torch.rand(8, 4, generator=generator)
 
 
+# The aten ops that multiply matrices or convolve: where backward does its arithmetic, and what
+# "backward computes in FP16" is about. Every device dispatches them under these names (cuBLAS and
+# cuDNN are the CUDA kernels behind the same aten ops), so one list serves CPU and CUDA.
+_MATMULS = frozenset(
+    getattr(torch.ops.aten, name)
+    for name in ("mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot")
+) | {torch.ops.aten.convolution_backward}
+
+
+@dataclass(frozen=True)
+class _Op:
+    name: str  # "mm"
+    inputs: tuple[torch.dtype, ...]  # dtypes of its floating-point tensor arguments
+    output: torch.dtype | None  # of its (first) tensor result
+    matmul: bool
+
+
+class _OpLog(TorchDispatchMode):
+    """Every aten op run while the mode is on, with the dtypes its kernel is given. Autocast is
+    dispatched before the Python key, so these are the dtypes after autocast's casts; the autograd
+    engine carries the mode into its device threads, so a CUDA backward is logged as well."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[_Op] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = tuple(
+            t.dtype
+            for t in tree_leaves((args, kwargs or {}))
+            if isinstance(t, torch.Tensor) and t.is_floating_point()
+        )
+        out = func(*args, **(kwargs or {}))
+        first = next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+        self.ops.append(
+            _Op(
+                func.__name__.split(".")[0],
+                inputs,
+                None if first is None else first.dtype,
+                func.overloadpacket in _MATMULS,
+            )
+        )
+        return out
+
+
 @dataclass
 class _Observed:
-    """Dtypes seen in one forward and backward pass, per module name (the loss is `mse_loss`)."""
+    """Dtypes seen in one forward and backward pass, per module name (the loss is `mse_loss`),
+    and the aten ops backward ran."""
 
     outputs: dict[str, torch.dtype] = field(default_factory=dict)
     grad_outputs: dict[str, torch.dtype] = field(default_factory=dict)
     param_grads: dict[str, torch.dtype] = field(default_factory=dict)
+    backward_ops: list[_Op] = field(default_factory=list)
+
+    def backward_matmuls(self, dtype: torch.dtype | None = None) -> list[_Op]:
+        """The backward matmuls, or those whose inputs were all `dtype`."""
+        mms = [op for op in self.backward_ops if op.matmul]
+        return mms if dtype is None else [op for op in mms if set(op.inputs) == {dtype}]
+
+    def backward_upcasts(self) -> list[_Op]:
+        """Casts of fp16 gradients to fp32 in backward: where autocast's fp16 weight copies hand
+        their gradients to the fp32 parameters."""
+        return [
+            op
+            for op in self.backward_ops
+            if op.name == "_to_copy" and op.inputs == (F16,) and op.output == F32
+        ]
 
 
 def _watch(seen: _Observed, name: str, _module, _inputs, out: torch.Tensor) -> None:
@@ -102,7 +165,9 @@ def _observe(recipe: str, amp_device) -> _Observed:
         x, y = (precision.cast_input(t) for t in _probe_batch())
         with precision.forward():
             loss = loss_fn(model(x), y)
-        precision.backward(loss)
+        with _OpLog() as log:
+            precision.backward(loss)
+    seen.backward_ops = log.ops
     seen.param_grads = {n: p.grad.dtype for n, p in model.named_parameters()}
     return seen
 
@@ -160,45 +225,81 @@ def test_forward_is_not_all_fp16(record, amp_device):
     assert set(plain.values()) == {F32}, f"AMP-FWD-FP16: without autocast, got {plain}"
 
 
+def _dtypes_of(ops: list[_Op]) -> str:
+    """`3 x mm(float16, float16) -> float16`: the ops with the dtypes their kernels were given
+    and returned, counted."""
+    counted = Counter(
+        f"{op.name}({', '.join(map(_short, op.inputs))}) -> {op.output and _short(op.output)}"
+        for op in ops
+    )
+    return _names(f"{n} x {call}" for call, n in counted.items())
+
+
 @pytest.mark.claim("AMP-BWD-FP16")
 @pytest.mark.requires("fp16_autocast", "half_training")
 def test_backward_follows_forward_dtype_but_param_grads_are_fp32(record, amp_device):
     amp = _observe("amp-fp16-noscaler", amp_device)
-    # Negative control: a .half() model, whose parameters and so their .grad are fp16.
+    # Negative control: the same model without autocast runs its backward matmuls in fp32, so
+    # the op log can tell an fp32 backward from an fp16 one.
+    plain = _observe("fp32", amp_device)
+    # Negative control: a .half() model, whose parameters and so their .grad are fp16, so the
+    # .grad probe can tell fp16 from fp32.
     half = _observe("half", amp_device)
-    act16 = _by_dtype(amp.grad_outputs, F16)
+    matmuls, mm16 = amp.backward_matmuls(), amp.backward_matmuls(F16)
+    plain_mm32 = plain.backward_matmuls(F32)
+    upcasts = amp.backward_upcasts()
     param16 = _by_dtype(amp.param_grads, F16)
     half16 = _by_dtype(half.param_grads, F16)
-    follow = [n for n, d in amp.grad_outputs.items() if d == amp.outputs[n]]
-    record.param(**{f"grad_dtype.amp.{name}": _short(d) for name, d in amp.grad_outputs.items()})
+    # Recorded, not checked: the gradient reaching an output has that output's dtype whatever
+    # the kernels computed in (autograd casts it), so it cannot tell what backward ran in.
+    record.param(
+        **{f"grad_dtype.amp.{name}": _short(d) for name, d in amp.grad_outputs.items()},
+        backward_matmuls_amp=_dtypes_of(matmuls),
+        backward_matmuls_fp32=_dtypes_of(plain.backward_matmuls()),
+    )
     record.metric(
-        activation_grads_fp16=len(act16),
-        activation_grads=len(amp.grad_outputs),
+        backward_matmuls=len(matmuls),
+        backward_matmuls_fp16=len(mm16),
+        backward_ops=len(amp.backward_ops),
+        backward_upcasts_fp16_to_fp32=len(upcasts),
+        fp32_backward_matmuls=len(plain.backward_matmuls()),
+        fp32_backward_matmuls_fp32=len(plain_mm32),
         param_grads_fp16=len(param16),
         param_grads=len(amp.param_grads),
         half_param_grads_fp16=len(half16),
     )
 
-    if act16 and len(param16) == len(amp.param_grads):
+    if not mm16:
+        verdict = "refuted"
+    elif len(mm16) == len(matmuls) and len(param16) == len(amp.param_grads):
         verdict = "confirmed"
     else:
-        verdict = "partly" if act16 or param16 else "refuted"
+        verdict = "partly"
     record.verdict(
         "AMP-BWD-FP16",
         verdict,
-        f"under fp16 autocast {len(act16)} of {len(amp.grad_outputs)} activation gradients "
-        f"were float16 ({_names(act16)}), {len(follow)} of {len(amp.grad_outputs)} in their "
-        f"forward output's dtype; "
-        f"{len(param16)} of {len(amp.param_grads)} parameter .grad were float16 (the rest "
-        f"float32); a .half() model has {len(half16)} of {len(half.param_grads)} float16 .grad",
+        f"under fp16 autocast on {amp_device.type}, {len(mm16)} of {len(matmuls)} backward "
+        f"matmuls ran on float16 inputs ({_dtypes_of(matmuls)}); {len(upcasts)} float16 "
+        f"gradients were cast to float32 on their way to the parameters, and {len(param16)} of "
+        f"{len(amp.param_grads)} parameter .grad were float16 (the rest float32). Without "
+        f"autocast {len(plain_mm32)} of {len(plain.backward_matmuls())} "
+        f"backward matmuls ran on float32; a .half() model has {len(half16)} of "
+        f"{len(half.param_grads)} float16 .grad",
     )
-    assert amp.grad_outputs == amp.outputs, (
-        f"AMP-BWD-FP16: predicted each gradient in its forward output's dtype {amp.outputs}, "
-        f"got {amp.grad_outputs}"
+    # The same on CPU and CUDA: each linear layer's forward matmul is fp16 under autocast, so
+    # the matmuls of its backward (the gradients of its input and of its fp16 weight copy) get
+    # fp16 operands; the weight gradient is then cast to the fp32 parameter's dtype.
+    assert matmuls and len(mm16) == len(matmuls) == len(plain.backward_matmuls()), (
+        f"AMP-BWD-FP16: predicted every backward matmul on float16 inputs under fp16 autocast "
+        f"on {amp_device.type}, as many as without autocast "
+        f"({len(plain.backward_matmuls())}), got {_dtypes_of(matmuls)}"
     )
-    assert act16, f"AMP-BWD-FP16: predicted float16 activation gradients, got {amp.grad_outputs}"
     assert set(amp.param_grads.values()) == {F32}, (
         f"AMP-BWD-FP16: predicted float32 .grad for float32 parameters, got {amp.param_grads}"
+    )
+    assert plain_mm32 and len(plain_mm32) == len(plain.backward_matmuls()), (
+        f"AMP-BWD-FP16: predicted every backward matmul on float32 inputs without autocast, got "
+        f"{_dtypes_of(plain.backward_matmuls())}"
     )
     assert set(half.param_grads.values()) == {F16}, (
         f"AMP-BWD-FP16: predicted float16 .grad for a .half() model, got {half.param_grads}"

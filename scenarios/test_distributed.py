@@ -6,11 +6,13 @@ does instead, measured on gloo ranks (world sizes 2 and 4) and on NCCL where the
 per rank:
 - buckets are all-reduced in the gradient dtype (fp32 under autocast): a comm hook records the
   bucket dtype, and a value fp32 can hold but fp16 cannot (1 + k * 2**-20) survives exactly;
-- a rank whose gradients are all zero adds 0: every rank ends with the exact mean;
-- an inf on one rank reaches every rank, and every rank's GradScaler skips and backs off alike;
-- only the opt-in `fp16_compress_hook` (cast to fp16, divide by the world size, all-reduce)
-  flushes small gradients to zero on every rank: values at or below 2**-25 * world_size before
-  the division; loss scaling keeps them.
+  values an fp16 sync would flush (k * 2**-24, on every rank) arrive intact, while the opt-in
+  `fp16_compress_hook` (cast to fp16, divide by the world size, all-reduce) flushes those at or
+  below 2**-25 * world_size on every rank; loss scaling keeps them;
+- a rank whose gradients really underflow (2**-26 through an fp16 backward: 0) adds 0 to the
+  average: every rank ends with the mean of the others', and only without the sync (`no_sync`)
+  does rank 0 keep its zeros;
+- an inf on one rank reaches every rank, and every rank's GradScaler skips and backs off alike.
 
 All experiments of one world size run in one launch (spawning ranks costs seconds); each test
 reads its part. Per-rank observations are logged as metrics `rank<N>/...`.
@@ -18,7 +20,9 @@ reads its part. Per-rank observations are logged as metrics `rank<N>/...`.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -34,6 +38,9 @@ SIGNATURE_STEP = 2.0**-20  # fp32 keeps 1 + k * 2**-20; fp16 (10 mantissa bits) 
 FP16_SUBNORMAL = 2.0**-24  # the fp16 hook's candidates are multiples of it: cast exactly
 CANDIDATES = range(1, 9)  # k * 2**-24, k = 1..8, on every rank
 LOSS_SCALE = 65536.0
+# Rank 0's output gradient in the zero-rank experiment: fp32 holds it, fp16 rounds it to 0
+# (anything at or below 2**-25 does), so an fp16 backward on rank 0 yields zeros.
+UNDERFLOWING = 2.0**-26
 
 
 # --- what each rank runs -------------------------------------------------------------------
@@ -88,12 +95,38 @@ def _comm_dtype(ctx: RankContext) -> dict:
     return out
 
 
+class _Scaled(torch.nn.Module):
+    """A linear layer whose output gradient is `g`: under fp16 autocast its backward matmul gets
+    g rounded to fp16, so the weight's gradient (g per entry, for an input of ones) underflows
+    to 0 where g does."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1, bias=False)
+
+    def forward(self, x: torch.Tensor, g: float) -> torch.Tensor:
+        return (self.linear(x).float() * g).sum()
+
+
 def _zero_rank(ctx: RankContext) -> dict:
-    """Rank 0's gradients are all zero (as if they had underflowed); the others' are 1..N-1."""
-    model = _ddp(_Probe(3), ctx)
-    values = torch.full((3,), float(ctx.rank), device=ctx.device)
-    model(torch.zeros(1, 4, device=ctx.device), values).backward()
-    return {"local": values.tolist(), "synced": model.module.exact.grad.tolist()}
+    """Rank 0's output gradient is 2**-26, which an fp16 backward flushes to 0; rank r's is r,
+    which fp16 holds. The weight gradient on each rank: under fp16 autocast with DDP's sync,
+    and without the sync (negative control: `no_sync`, where rank 0 keeps its zeros); and in
+    fp32 without the sync (on rank 0, the value that underflowed)."""
+    g = UNDERFLOWING if ctx.rank == 0 else float(ctx.rank)
+    out = {}
+    for name, fp16, sync in (
+        ("synced", True, True),
+        ("local", True, False),
+        ("fp32_local", False, False),
+    ):
+        model = _ddp(_Scaled(), ctx)
+        with contextlib.nullcontext() if sync else model.no_sync():
+            with torch.autocast(device_type=ctx.device.type, dtype=torch.float16, enabled=fp16):
+                loss = model(torch.ones(1, 4, device=ctx.device), g)
+            loss.backward()
+        out[name] = model.module.linear.weight.grad.flatten().tolist()
+    return out
 
 
 def _inf_rank(ctx: RankContext) -> dict:
@@ -207,26 +240,88 @@ def test_default_ddp_reduces_in_the_gradient_dtype(ranks, record):
     )
 
 
+@dataclass
+class _ZeroRank:
+    """The zero-rank experiment read from every rank's results (gloo or NCCL alike)."""
+
+    world: int
+    synced: list[list[float]]  # per rank, after DDP's all-reduce
+    local: list[list[float]]  # per rank, under no_sync
+    fp32_rank0: list[float]  # rank 0's gradient in fp32, under no_sync
+
+    @classmethod
+    def of(cls, ranks: list[dict]) -> _ZeroRank:
+        zero = [r["zero_rank"] for r in ranks]
+        synced, local = [z["synced"] for z in zero], [z["local"] for z in zero]
+        return cls(len(zero), synced, local, zero[0]["fp32_local"])
+
+    @property
+    def mean(self) -> float:
+        """What every rank should hold: rank r contributes r, rank 0 its underflowed 0."""
+        return sum(range(self.world)) / self.world
+
+    @property
+    def underflowed(self) -> bool:
+        """Rank 0's gradient was nonzero in fp32 and became 0 in the fp16 backward."""
+        return set(self.fp32_rank0) == {UNDERFLOWING} and set(self.local[0]) == {0.0}
+
+    @property
+    def kept_without_sync(self) -> bool:
+        """Without the sync each rank holds its own gradient: rank 0 zeros, rank r its r."""
+        return all(set(g) == {float(r)} for r, g in enumerate(self.local))
+
+    @property
+    def exact_mean(self) -> bool:
+        return all(set(g) == {self.mean} for g in self.synced)
+
+    @property
+    def all_zero(self) -> bool:
+        return all(set(g) == {0.0} for g in self.synced)
+
+    def verdict(self) -> str:
+        if not self.underflowed:
+            return "inconclusive"  # no rank underflowed: the experiment did not test the claim
+        return "confirmed" if self.all_zero else "refuted" if self.exact_mean else "inconclusive"
+
+    def evidence(self, backend: str) -> str:
+        return (
+            f"{self.world} {backend} ranks, DDP under fp16 autocast, output gradient 2**-26 on "
+            f"rank 0 and r on rank r: rank 0's weight gradient was {self.fp32_rank0[0]:.3g} in "
+            f"fp32 and {self.local[0][0]!r} in the fp16 backward "
+            f"({'underflowed' if self.underflowed else 'did not underflow'}); after DDP's "
+            f"all-reduce the ranks hold {[g[0] for g in self.synced]} (the mean with rank 0's "
+            f"zeros: {self.mean!r}); without the sync (no_sync) they keep "
+            f"{[g[0] for g in self.local]}"
+        )
+
+    def check(self) -> None:
+        """The predictions, gloo or NCCL alike, with the negative control."""
+        assert self.exact_mean, (
+            f"PIT3-ZERO-ALL: predicted the mean {self.mean!r} on every rank after the sync, got "
+            f"{self.synced}"
+        )
+        # Negative control: without the sync, rank 0 keeps the zeros of its fp16 backward and
+        # rank r its r: the mean above is the all-reduce's doing, measured, not arithmetic.
+        assert self.kept_without_sync, (
+            f"PIT3-ZERO-ALL: predicted that without the sync each rank keeps its own fp16 "
+            f"gradient (rank 0 its underflowed zeros, rank r its r), got {self.local}"
+        )
+        assert self.underflowed, (
+            f"PIT3-ZERO-ALL: predicted rank 0's gradient 2**-26 kept in fp32 and flushed to 0 in "
+            f"the fp16 backward, got {self.fp32_rank0} and {self.local[0]}"
+        )
+
+
 @pytest.mark.claim("PIT3-ZERO-ALL")
 def test_a_rank_of_zero_gradients_adds_zero(ranks, record):
-    world = len(ranks)
-    synced = [r["zero_rank"]["synced"] for r in ranks]
-    mean = sum(range(world)) / world  # rank r contributes r; rank 0 contributes zeros
-    _per_rank(record, "synced_grad", [s[0] for s in synced])
-    record.param(world_size=world)
-    all_zero = all(v == 0.0 for s in synced for v in s)
-    exact_mean = all(v == mean for s in synced for v in s)
-    verdict = "confirmed" if all_zero else "refuted" if exact_mean else "inconclusive"
-    record.verdict(
-        "PIT3-ZERO-ALL",
-        verdict,
-        f"{world} gloo ranks, rank 0's gradients all 0, rank r's equal to r: after DDP's "
-        f"all-reduce every rank holds {synced[0][0]!r} (the exact mean, {mean!r}); rank 0's "
-        f"own gradient before the sync was {ranks[0]['zero_rank']['local'][0]!r}",
-    )
-    assert exact_mean, f"PIT3-ZERO-ALL: predicted {mean!r} on every rank, got {synced}"
-    # Negative control: the mean is the communication's doing, not rank 0's local gradient.
-    assert ranks[0]["zero_rank"]["local"] == [0.0] * 3 and mean != 0.0
+    zero = _ZeroRank.of(ranks)
+    _per_rank(record, "synced_grad", [g[0] for g in zero.synced])
+    _per_rank(record, "no_sync_grad", [g[0] for g in zero.local])
+    record.metric(rank0_fp32_grad=zero.fp32_rank0[0], synced_mean_predicted=zero.mean)
+    record.param(world_size=zero.world)
+    record.verdict("PIT3-ZERO-ALL", zero.verdict(), zero.evidence("gloo"))
+    # Negative control (in check): under no_sync rank 0 keeps its zeros, rank r its r.
+    zero.check()
 
 
 @pytest.mark.claim("PIT3-CHECK-BEFORE-STEP")
@@ -271,39 +366,63 @@ def _fp16_hook_prediction(world: int) -> list[float]:
     return out
 
 
-@pytest.mark.claim("PIT3-ZERO-ALL")
+@pytest.mark.claim("PIT3-FP16-SYNC")
 def test_only_the_fp16_hook_flushes_small_gradients(ranks, record):
     world = len(ranks)
     threshold = 2.0**-25 * world
     values = [k * FP16_SUBNORMAL for k in CANDIDATES]
     runs = {name: ranks[0]["fp16_hook"][name] for name in ("default", "fp16", "fp16_scaled")}
     same_on_all = all(r["fp16_hook"] == ranks[0]["fp16_hook"] for r in ranks)
-    flushed = [v for v, got in zip(values, runs["fp16"], strict=True) if got == 0.0]
-    largest_flushed = max(flushed, default=0.0)
-    record.metric(threshold=threshold, largest_flushed=largest_flushed, flushed=len(flushed))
+    flushed = {
+        name: [v for v, got in zip(values, synced, strict=True) if got == 0.0]
+        for name, synced in runs.items()
+    }
+    largest_flushed = max(flushed["fp16"], default=0.0)
+    record.metric(
+        **{
+            "fp16_hook/flush_threshold": threshold,
+            "fp16_hook/largest_flushed": largest_flushed,
+            "fp16_hook/flushed": len(flushed["fp16"]),
+            "fp16_hook/flushed_scaled": len(flushed["fp16_scaled"]),
+            "default/flushed": len(flushed["default"]),
+        }
+    )
     record.history(candidate=values, **{f"synced_{n}": g for n, g in runs.items()})
     record.param(world_size=world)
     predicted = _fp16_hook_prediction(world)
-    matches = runs["fp16"] == predicted and largest_flushed == max(
-        (v for v in values if v <= threshold), default=0.0
-    )
+    # The probe tells an fp16 sync apart only if the fp16 hook flushes what it is predicted to.
+    hook_as_predicted = runs["fp16"] == predicted and flushed["fp16"] != []
+    if not hook_as_predicted:
+        verdict = "inconclusive"
+    elif runs["default"] == values:
+        verdict = "refuted"  # default DDP delivers what an fp16 sync loses
+    else:
+        verdict = "confirmed" if runs["default"] == runs["fp16"] else "inconclusive"
     record.verdict(
-        "PIT3-ZERO-ALL",
-        "partly" if flushed and matches and runs["fp16_scaled"] == values else "refuted",
-        f"{world} gloo ranks, gradients k * 2**-24 (k=1..8) on every rank: the default hook "
-        f"keeps all {len(values)}; fp16_compress_hook turns {len(flushed)} into 0 on every rank "
-        f"(largest {largest_flushed:.3g}, predicted <= 2**-25 x {world} = {threshold:.3g}); with "
-        f"the loss scaled by 65536 none is lost. Zeros on all ranks happen only with opt-in fp16 "
-        f"compression, and loss scaling prevents them",
+        "PIT3-FP16-SYNC",
+        verdict,
+        f"{world} gloo ranks, gradients k * 2**-24 (k=1..8) on every rank: default DDP delivered "
+        f"{len(values) - len(flushed['default'])} of {len(values)} intact; the opt-in "
+        f"fp16_compress_hook turned {len(flushed['fp16'])} into 0 on every rank (largest "
+        f"{largest_flushed:.3g}, predicted <= 2**-25 x {world} = {threshold:.3g}), and with the "
+        f"loss scaled by 65536 it lost {len(flushed['fp16_scaled'])}. The sync runs in fp16 only "
+        f"when opted in, and loss scaling protects it",
     )
-    assert same_on_all, "PIT3-ZERO-ALL: ranks disagree after the all-reduce"
-    assert runs["default"] == values, f"PIT3-ZERO-ALL: the default hook changed {runs['default']}"
-    assert runs["fp16"] == predicted and largest_flushed <= threshold < min(
-        v for v in values if v not in flushed
-    ), f"PIT3-ZERO-ALL: predicted {predicted} (flush at <= {threshold:.3g}), got {runs['fp16']}"
-    # Negative control: the default hook keeps every value, and (the fix) scaled gradients pass
-    # the fp16 hook intact.
-    assert runs["fp16_scaled"] == values, f"PIT3-ZERO-ALL: scaled run lost {runs['fp16_scaled']}"
+    assert same_on_all, "PIT3-FP16-SYNC: ranks disagree after the all-reduce"
+    assert runs["default"] == values, (
+        f"PIT3-FP16-SYNC: predicted default DDP to deliver {values} intact, got {runs['default']}"
+    )
+    # Negative control: the opt-in fp16 sync flushes the values at or below the threshold on
+    # every rank, so the probe can see fp16 communication where there is some.
+    smallest_kept = min((v for v in values if v not in flushed["fp16"]), default=math.inf)
+    assert hook_as_predicted and largest_flushed <= threshold < smallest_kept, (
+        f"PIT3-FP16-SYNC: predicted {predicted} (flush at <= {threshold:.3g}), got {runs['fp16']}"
+    )
+    # The fix: scaled gradients pass the fp16 hook intact.
+    assert runs["fp16_scaled"] == values, (
+        f"PIT3-FP16-SYNC: predicted loss scaling to keep every value through the fp16 hook, got "
+        f"{runs['fp16_scaled']}"
+    )
 
 
 def fsdp_inf_rank(ctx: RankContext) -> dict:
@@ -338,7 +457,7 @@ def nccl_experiments(ctx: RankContext) -> dict:
 def test_nccl_and_fsdp_on_two_gpus(record):
     ranks = run_ranks(nccl_experiments, 2, "cuda", timeout_s=180)
     default = [r["comm_dtype"]["recorded"] for r in ranks]
-    synced = [r["zero_rank"]["synced"][0] for r in ranks]
+    zero = _ZeroRank.of(ranks)
     fsdp = [r["fsdp"] for r in ranks]
     expected = 1.0 + 1.5 * SIGNATURE_STEP
     exact = all(d["signature"] == expected and d["bucket_dtypes"] == ["float32"] for d in default)
@@ -351,11 +470,7 @@ def test_nccl_and_fsdp_on_two_gpus(record):
         f"2 NCCL ranks: bucket dtypes {default[0]['bucket_dtypes']}, signature {expected!r} "
         f"arrived as {[d['signature'] for d in default]}",
     )
-    record.verdict(
-        "PIT3-ZERO-ALL",
-        "refuted" if synced == [0.5, 0.5] else "confirmed",
-        f"2 NCCL ranks, rank 0's gradients zero, rank 1's equal to 1: synced {synced} (mean 0.5)",
-    )
+    record.verdict("PIT3-ZERO-ALL", zero.verdict(), zero.evidence("NCCL"))
     record.verdict(
         "PIT3-CHECK-BEFORE-STEP",
         "refuted" if fsdp_skipped else "confirmed",
@@ -363,5 +478,12 @@ def test_nccl_and_fsdp_on_two_gpus(record):
         f"{[f['optimizer_steps'] for f in fsdp]}, scales {[f['scale'] for f in fsdp]} per rank",
     )
     assert exact, f"PIT3-FP16-SYNC: predicted fp32 buckets on NCCL, got {default}"
-    assert synced == [0.5, 0.5], f"PIT3-ZERO-ALL: predicted the mean 0.5 on NCCL, got {synced}"
+    # Negative control: on NCCL too, the opt-in fp16 hook rounds the fp32 signature away.
+    compressed = [r["comm_dtype"]["fp16_compress_hook"]["signature"] for r in ranks]
+    assert compressed == [1.0, 1.0], f"PIT3-FP16-SYNC: the fp16 hook kept {compressed} on NCCL"
+    # Negative control (in check): under no_sync rank 0 keeps its zeros, rank 1 its 1.
+    zero.check()
     assert fsdp_skipped, f"PIT3-CHECK-BEFORE-STEP: predicted every FSDP rank to skip: {fsdp}"
+    # Negative control: without a scaler, DDP's inf on rank 1 reaches every rank's parameters.
+    plain = [r["inf_rank"]["plain"]["params_finite"] for r in ranks]
+    assert not any(plain), f"PIT3-CHECK-BEFORE-STEP: plain SGD kept finite params: {plain}"

@@ -44,11 +44,21 @@ def test_run_list_baseline_and_report(tmp_path):
     assert rows["FMT-BITS"]["last_verdict"] is None  # not run by `-k bytes`
     assert [c for c, row in rows.items() if not row["tests"]] == []  # every claim has a scenario
 
-    saved = amp("baseline", "save", cwd=tmp_path)
+    # `-k bytes` ran part of the suite: no baseline unless asked, and then marked incomplete.
+    refused = amp("baseline", "save", cwd=tmp_path)
+    assert refused.returncode == 2 and not (tmp_path / "reports" / "baselines").exists()
+    assert "not a complete run of the suite: tests selected with -k 'bytes'" in refused.stderr
+    assert "--partial" in refused.stderr
+    saved = amp("baseline", "save", "--partial", cwd=tmp_path)
     assert saved.returncode == 0, saved.stderr
+    assert "marked incomplete (--partial): tests selected with -k 'bytes'" in saved.stdout
     (path,) = (tmp_path / "reports" / "baselines").glob("cpu-*_torch-*.json")
     summary = json.loads(path.read_text())
-    assert summary["complete"] and summary["fingerprint"]["device"] == "cpu"
+    assert not summary["complete"] and summary["fingerprint"]["device"] == "cpu"
+    again = amp("baseline", "save", "--partial", cwd=tmp_path)
+    assert again.returncode == 2 and "exists (session " in again.stderr
+    assert "pass --force to replace it" in again.stderr
+    assert amp("baseline", "save", "--partial", "--force", cwd=tmp_path).returncode == 0
     assert [v["claim"] for v in summary["verdicts"]] == ["FMT-BYTES"]
     (test,) = summary["tests"].values()
     assert test["outcome"] == "passed" and test["metrics"]
@@ -57,7 +67,7 @@ def test_run_list_baseline_and_report(tmp_path):
     reported = amp("report", cwd=tmp_path)
     assert reported.returncode == 0, reported.stderr
     page = (tmp_path / "reports" / "report" / "index.html").read_text()
-    assert "no verdict changed, no metric moved (1 verdicts" in page
+    assert "no verdict changed, no decision lost, no metric flagged (1 verdicts" in page
 
 
 def test_baseline_without_a_session_says_what_to_do(tmp_path, capsys):

@@ -8,9 +8,9 @@ import json
 import pytest
 from scipy import stats
 
-from harness import baseline, cli, compare
+from harness import baseline, cli, compare, verdicts
 from harness.errors import HarnessError
-from harness.journal import Journal
+from harness.journal import Journal, Session
 
 TEST = "scenarios/test_scn.py::test_bytes"
 ACCURACY = {"mlp/amp-fp16/seed0/val_accuracy": 90.0, "mlp/amp-fp16/seed1/val_accuracy": 92.0,
@@ -25,8 +25,14 @@ def summary(metrics: dict, verdict: str = "confirmed") -> dict:
         "name": "n",
         "fingerprint": {"torch": "2.13.0"},
         "verdicts": [
-            {"claim": "FMT-BYTES", "verdict": verdict, "evidence": "fp16 2 bytes", "test": TEST}
-        ],
+            {
+                "claim": "FMT-BYTES",
+                "verdict": verdict,
+                "stands": verdict in verdicts.DECIDED,
+                "evidence": "fp16 2 bytes",
+                "test": TEST,
+            }
+        ],  # fmt: skip
         "tests": {TEST: {"outcome": "passed", "metrics": metrics}},
     }
 
@@ -200,7 +206,10 @@ def test_the_same_behaviour_as_the_baseline_passes(pytester, saved):
     result = session(pytester, "--amp-fail-on-regression")
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(
-        [f"baseline {saved.path}: no verdict changed, no metric flagged (1 verdicts, 2 metrics*"]
+        [
+            f"baseline {saved.path}: no verdict changed, no decision lost, no metric flagged "
+            "(1 verdicts, 2 metrics compared)"
+        ]  # fmt: skip
     )
 
 
@@ -318,3 +327,76 @@ def test_cli_bad_threshold_is_a_usage_error(text):
     with pytest.raises(SystemExit) as exit_:
         cli.parser().parse_args(["compare", "last", "--threshold", text])
     assert exit_.value.code == 2
+
+
+# --- what a comparison says it compared (verdicts as they count, decisions lost, overlap) -------
+
+
+def with_verdict(verdict: str, stands: bool, test: str = TEST, lacks=()) -> dict:
+    run = summary(ACCURACY)
+    run["verdicts"] = [{"claim": "FMT-BYTES", "verdict": verdict, "stands": stands,
+                        "evidence": "65536 -> 32768", "test": test}]  # fmt: skip
+    run["tests"] = {test: {"outcome": "passed", "metrics": ACCURACY}}
+    run["lacks"] = list(lacks)
+    return run
+
+
+@pytest.mark.parametrize(
+    ("after", "stands"),
+    [("skipped", False), ("failed (was: confirmed)", False), ("capability regression", False)],
+)
+def test_a_decision_skipped_or_failed_now_is_a_regression(after, stands):
+    result = compare.compare(with_verdict("confirmed", True), with_verdict(after, stands))
+    assert result.regressions == [
+        f"FMT-BYTES ({TEST}): verdict confirmed -> {after}: 65536 -> 32768"
+    ]
+
+
+def test_a_decision_missing_now_is_a_regression_unless_the_run_was_partial():
+    renamed = "scenarios/test_scn.py::test_renamed"
+    result = compare.compare(
+        with_verdict("confirmed", True), with_verdict("skipped", False, renamed)
+    )
+    assert result.lost == [
+        compare.LostDecision("FMT-BYTES", "confirmed", "skipped", "65536 -> 32768")
+    ]
+    assert "FMT-BYTES: decided (confirmed) before, skipped now" in result.regressions[0]
+
+    gone = with_verdict("confirmed", True)
+    gone["verdicts"], gone["tests"] = [], {}
+    result = compare.compare(with_verdict("confirmed", True), gone)
+    assert [d.after for d in result.lost] == ["missing"] and result.regressions
+
+    partial = {**gone, "lacks": ["tests selected with -k 'scaler'"]}
+    result = compare.compare(with_verdict("confirmed", True), partial)
+    assert result.regressions == [] and result.not_compared == ["FMT-BYTES"]
+
+
+def test_a_comparison_without_a_common_verdict_says_nothing_was_compared():
+    other = with_verdict("confirmed", True, "scenarios/test_scn.py::test_other")
+    other["verdicts"][0]["claim"] = "FMT-BITS"
+    result = compare.compare(with_verdict("confirmed", True), other)
+    assert not result.overlapped
+    assert result.summary_line().startswith("no verdict of one run is in the other: nothing")
+    same = compare.compare(with_verdict("confirmed", True), with_verdict("confirmed", True))
+    assert same.overlapped and same.summary_line().startswith("no verdict changed")
+
+
+def test_cli_compare_takes_the_short_session_ids_it_prints(pytester, saved, capsys):
+    session(pytester).assert_outcomes(passed=1)
+    capsys.readouterr()
+    journal = Journal(pytester.path / "reports" / "journal.jsonl")
+    first, second = [e["session_id"] for e in journal.entries() if e["type"] == "session"]
+    reports = str(pytester.path / "reports")
+    assert cli.main(["compare", first[:8], second[:8], "--reports", reports, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["a"].startswith(f"session {first[:8]}") and document["overlapped"]
+
+
+def test_a_session_prefix_must_name_one_session(tmp_path):
+    sessions = {sid: Session({"name": sid}) for sid in ("abc123", "abd456")}
+    assert baseline.find_session(sessions, "abc", tmp_path) == "abc123"
+    with pytest.raises(HarnessError, match="'ab' is ambiguous: it starts abc123, abd456"):
+        baseline.find_session(sessions, "ab", tmp_path)
+    with pytest.raises(HarnessError, match="no session 'x'; recorded: abc123 .abc123."):
+        baseline.find_session(sessions, "x", tmp_path)

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -129,8 +130,10 @@ pytestmark = [pytest.mark.claim(CLAIM)]
 
 
 def test_bytes(record):
-    record.verdict(CLAIM, "confirmed", "fp16 2 bytes")
+    sizes = {"fp16": 2, "fp32": 4}
+    record.verdict(CLAIM, "confirmed", f"fp16 {sizes['fp16']} bytes")
     # Negative control: fp32 takes 4.
+    assert sizes["fp32"] == 4
 """
 
 HELPERS = """
@@ -138,17 +141,20 @@ import pytest
 
 
 def run(step, record):
-    step(record)
+    return step(record)
 
 
 def decide(record):
-    # negative control: the fp32 row
-    record.verdict("FMT-BYTES", "confirmed", "fp16 2 bytes")
+    # negative control: the fp32 row, returned to the test
+    sizes = {"fp16": 2, "fp32": 4}
+    record.verdict("FMT-BYTES", "confirmed", f"fp16 {sizes['fp16']} bytes")
+    return sizes
 
 
 @pytest.mark.claim("FMT-BYTES")
 def test_bytes(record):
-    run(decide, record)  # the helper is passed on, as run_ranks(rank_experiments) does
+    sizes = run(decide, record)  # the helper is passed on, as run_ranks(rank_experiments) does
+    assert sizes["fp32"] == 4
 """
 
 COMPUTED_VERDICT = """
@@ -157,9 +163,11 @@ import pytest
 
 @pytest.mark.claim("FMT-BYTES")
 def test_bytes(record):
+    sizes = {"fp16": 2, "fp32": 4}
     for claim in record.claims:  # left to the plugin's run-time check
-        record.verdict(claim, "confirmed", "fp16 2 bytes")
+        record.verdict(claim, "confirmed", f"fp16 {sizes['fp16']} bytes")
     # Negative control: fp32 takes 4.
+    assert sizes["fp32"] == 4
 """
 
 PARAM_MARKS_IN_A_CLASS = """
@@ -170,7 +178,8 @@ class TestBytes:
     @pytest.mark.parametrize("n", [pytest.param(2, marks=[pytest.mark.claim("FMT-BYTES")])])
     def test_bytes(self, record, n):
         record.verdict("FMT-BYTES", "confirmed", f"fp16 {n} bytes")
-        # Negative control: fp32 takes 4.
+        # Negative control: fp32 takes twice as many.
+        assert 2 * n == 4
 """
 
 
@@ -182,6 +191,167 @@ def test_scenarios_that_keep_the_contract_pass(tmp_path, capsys, source):
     assert cli.main(["validate", "--scenarios", str(folder)]) == 0
     assert (
         capsys.readouterr().out == f"validate: the 1 scenario files in {folder} keep the contract\n"
+    )
+
+
+# Every shape of negative control the scenarios use, each with the edit that leaves it
+# unasserted: (the test body, the text to replace, its replacement). The body follows a verdict.
+SHAPES_MODULE = """
+import contextlib
+
+import pytest
+import torch
+
+BAND = (0.8, 1.25)
+
+
+def run(recipe):
+    return {"recipe": recipe, "bytes": 4 if recipe == "fp32" else 2}
+
+
+def launch(target):
+    return target()
+
+
+def apply(step, recipe):
+    return step(recipe)
+
+
+def check(result):
+    assert result["bytes"] == 4, f"FMT-BYTES: predicted 4 bytes, got {result}"
+
+
+def control():
+    \"\"\"Negative control: fp32, which a probe answering 2 for everything fails.\"\"\"
+    return run("fp32")
+
+
+def outputs():
+    found = {"amp": run("amp")}
+    # Negative control: fp32, kept beside the result and returned with it.
+    found["fp32"] = run("fp32")
+    return found
+
+
+class Probe:
+    def __init__(self, result):
+        self.result = result
+
+    def check(self):
+        \"\"\"The prediction on the negative control.\"\"\"
+        assert self.result["bytes"] == 4, f"FMT-BYTES: predicted 4 bytes, got {self.result}"
+
+
+@pytest.mark.claim("FMT-BYTES")
+def test_shape(record):
+    amp = run("amp")
+    record.verdict("FMT-BYTES", "confirmed", f"amp-fp16 {amp['bytes']} bytes")
+"""
+
+CONTROL_SHAPES = {
+    "comment-above-an-assert": (
+        '# Negative control: fp32 takes 4.\nassert run("fp32")["bytes"] == 4\n',
+        'assert run("fp32")["bytes"] == 4',
+        'plain = run("fp32")',
+    ),
+    "assignment-asserted-through-a-computed-name": (  # test_formats: plain_after -> plain_bad
+        '# Negative control: fp32.\n_, plain = "fp32", run("fp32")\nplain_bytes = plain["bytes"]\n'
+        "\nassert plain_bytes == 4\n",
+        "assert plain_bytes == 4",
+        "assert amp['bytes'] == 2",
+    ),
+    "inline-comment-on-an-assignment": (  # test_grad_scaler: clean = step(None)
+        'clean = run("fp32")  # negative control: a clean step\n\nassert clean["bytes"] == 4\n',
+        'assert clean["bytes"] == 4',
+        'assert amp["bytes"] == 2',
+    ),
+    "inline-comment-on-a-def-passed-on": (  # test_grad_scaler: optimizer_step
+        "def doubled(recipe):  # negative control: the scaled value, as it is\n"
+        '    return run(recipe)["bytes"] * 2\n\nratio = apply(doubled, "fp32") / 4\n'
+        "assert ratio == 2\n",
+        "assert ratio == 2",
+        'assert amp["bytes"] == 2',
+    ),
+    "setup-then-assert-in-one-paragraph": (  # test_speed, test_memory_speed: low, high = BAND
+        'ratio = run("fp32")["bytes"] / run("fp32")["bytes"]\n'
+        "# Negative control: the same arm twice is not told apart.\nlow, high = BAND\n"
+        'assert ratio == 1.0, f"FMT-BYTES: {ratio} outside {low}-{high}"\n',
+        'assert ratio == 1.0, f"FMT-BYTES: {ratio} outside {low}-{high}"',
+        "",
+    ),
+    "loop-of-assertions": (  # test_formats' fp32 row, test_gradient_explosion
+        'results = {r: run(r) for r in ("fp32", "amp")}\n'
+        "# The fp32 row is the negative control: a probe answering 2 for all fails it.\n"
+        "for recipe, result in results.items():\n"
+        '    assert result["bytes"] == (4 if recipe == "fp32" else 2)\n',
+        "for recipe, result in results.items():\n"
+        '    assert result["bytes"] == (4 if recipe == "fp32" else 2)\n',
+        'wrong = results["fp32"]\n',
+    ),
+    "pytest-raises": (
+        "# Negative control: a recipe that does not exist is refused.\n"
+        'with pytest.raises(KeyError):\n    {"fp32": 4}["fp8"]\n',
+        'with pytest.raises(KeyError):\n    {"fp32": 4}["fp8"]\n',
+        'plain = {"fp32": 4}.get("fp8")\n',
+    ),
+    "marked-helper-bound-and-asserted": (  # test_convergence: _control
+        'plain = control()\nassert plain["bytes"] == 4\n',
+        'assert plain["bytes"] == 4',
+        'assert amp["bytes"] == 2',
+    ),
+    "marked-helper-asserted-directly": (
+        'assert control()["bytes"] == 4\n',
+        'assert control()["bytes"] == 4',
+        "plain = control()",
+    ),
+    "marked-helper-passed-on": (  # test_distributed: run_ranks(_comm_dtype, ...)
+        'runs = launch(control)\nassert runs["bytes"] == 4\n',
+        'assert runs["bytes"] == 4',
+        'assert amp["bytes"] == 2',
+    ),
+    "marked-in-a-helper-that-returns-it": (  # test_norm_layers: _layer_norm_outputs
+        'errors = {k: v["bytes"] for k, v in outputs().items()}\n'
+        'assert errors == {"amp": 2, "fp32": 4}\n',
+        'assert errors == {"amp": 2, "fp32": 4}',
+        'assert amp["bytes"] == 2',
+    ),
+    "passed-to-a-helper-that-asserts": (
+        '# Negative control: fp32.\nplain = run("fp32")\n\ncheck(plain)\n',
+        "check(plain)",
+        "check(amp)",
+    ),
+    "a-method-that-asserts": (  # test_distributed: zero.check()
+        'zero = Probe(run("fp32"))\n# Negative control (in check): fp32 takes 4.\nzero.check()\n',
+        "zero.check()",
+        "zero.result",
+    ),
+    "paragraph-inside-a-block": (  # test_grad_scaler: the tiny loss inside `with bind(...)`
+        "with contextlib.nullcontext():\n"
+        "    # Negative control: several statements, inside a block.\n"
+        '    recipe, _ = "fp32", None\n    plain = run(recipe)\n    rescued = plain["bytes"]\n'
+        "assert rescued == 4\n",
+        "assert rescued == 4",
+        'assert amp["bytes"] == 2',
+    ),
+    "an-assert-function": (
+        '# Negative control: fp32.\nplain = run("fp32")\n\n'
+        'torch.testing.assert_close(plain["bytes"], 4)\n',
+        'torch.testing.assert_close(plain["bytes"], 4)',
+        'torch.testing.assert_close(amp["bytes"], 2)',
+    ),
+}
+
+
+@pytest.mark.parametrize(("body", "old", "new"), CONTROL_SHAPES.values(), ids=CONTROL_SHAPES)
+def test_each_shape_of_control_passes_and_fails_once_it_is_not_asserted(tmp_path, body, old, new):
+    asserted = SHAPES_MODULE + textwrap.indent(body, "    ")
+    assert problems(scenarios(tmp_path, test_scn=asserted)) == []
+    old, new = textwrap.indent(old, "    "), textwrap.indent(new, "    ")
+    assert old in asserted
+    folder = scenarios(tmp_path, test_scn=asserted.replace(old, new))
+    (problem,) = problems(folder)
+    assert problem.startswith(f"{folder / 'test_scn.py'}:48: test_shape: negative control "), (
+        problem
     )
 
 
@@ -219,8 +389,50 @@ def test_validate_reads_the_files_without_importing_them(tmp_path, monkeypatch):
             '"""The fp32 row, which a probe answering 2 for everything fails."""',
             ":11: test_bytes: no negative control. Fix: add the run that reproduces the pitfall",
         ),
+        (
+            "    sizes = measure()\n",
+            "    sizes = measure()\n"
+            '    # Negative control: the fp32 row.\n    plain = sizes["fp32"]\n\n',
+            ":11: test_bytes: negative control computed but never asserted: `plain` (line 14). "
+            "Fix: assert the predicted behaviour of the control (an `assert` that uses one of "
+            "these names",
+        ),
+        (
+            "    sizes = measure()\n",
+            '    sizes = {"fp16": 2}\n    control = measure()\n',
+            ":11: test_bytes: negative control computed but never asserted: `measure()` (line 5). "
+            "Fix: assert the control's predicted behaviour on what `measure(...)` returns",
+        ),
+        (
+            '    assert sizes["fp16"] == 2, "FMT-BYTES: predicted 2 bytes"\n',
+            '    assert sizes["fp16"] == 2, "FMT-BYTES: predicted 2 bytes"\n'
+            "    # Negative control: fp32 takes 4.\n",
+            ':11: test_bytes: negative control (line 15) marks no statement. Fix: "# Negative '
+            'control: ..." goes directly above the statements that run the control',
+        ),
+        (
+            "f\"fp16 {sizes['fp16']} bytes\"",
+            '"fp16 2 bytes"',
+            ":13: test_bytes: the evidence for FMT-BYTES is fixed text: it reads the same whatever "
+            "was measured. Fix: format it from the values measured",
+        ),
+        (
+            "f\"fp16 {sizes['fp16']} bytes\"",
+            'f"fp16 2 bytes " + "fp32 4"',
+            ":13: test_bytes: the evidence for FMT-BYTES is fixed text",
+        ),
     ],
-    ids=["no-marker", "unknown-id", "no-verdict", "no-control"],
+    ids=[
+        "no-marker",
+        "unknown-id",
+        "no-verdict",
+        "no-control",
+        "control-never-asserted",
+        "control-helper-never-asserted",
+        "control-marks-nothing",
+        "constant-evidence",
+        "f-string-without-a-value",
+    ],
 )
 def test_each_breach_is_one_line_with_file_line_test_and_fix(tmp_path, capsys, old, new, expected):
     assert old in GOOD
@@ -230,6 +442,49 @@ def test_each_breach_is_one_line_with_file_line_test_and_fix(tmp_path, capsys, o
     (line,) = out.splitlines()
     assert line.startswith(f"{folder / 'test_scn.py'}{expected}"), line
     assert err == "validate: 1 problem(s) in 1 scenario files\n"
+
+
+EVIDENCE_SHAPES = """
+import pytest
+
+EVIDENCE = "fp16 2 bytes"
+
+
+def describe(sizes):
+    return f"fp16 {sizes['fp16']} bytes"
+
+
+@pytest.mark.claim("FMT-BYTES")
+def test_bytes(record):
+    sizes = measure()
+    evidence = describe(sizes)
+    record.verdict("FMT-BYTES", "confirmed", {evidence})
+    assert sizes["fp16"] == 2, "FMT-BYTES: predicted 2 bytes"
+"""
+
+
+@pytest.mark.parametrize(
+    "evidence",
+    [
+        "evidence",
+        "describe(sizes)",
+        '"sizes: " + describe(sizes)',
+        '"; ".join(f"{k} {v}" for k, v in sizes.items())',
+        '"fp16 2 bytes" if sizes else evidence',
+    ],
+)
+def test_evidence_the_check_cannot_read_is_left_to_the_run(tmp_path, evidence):
+    source = GOOD.split("@pytest")[0] + EVIDENCE_SHAPES.replace("{evidence}", evidence)
+    assert problems(scenarios(tmp_path, test_scn=source)) == []
+
+
+def test_evidence_kept_in_a_module_constant_is_fixed_text(tmp_path):
+    source = GOOD.split("@pytest")[0] + EVIDENCE_SHAPES.replace("{evidence}", "EVIDENCE")
+    folder = scenarios(tmp_path, test_scn=source)
+    (problem,) = problems(folder)
+    assert problem.startswith(
+        f"{folder / 'test_scn.py'}:24: test_bytes: the evidence for FMT-BYTES is fixed text"
+    ), problem
 
 
 def test_a_fixture_is_not_a_helper_of_the_test(tmp_path):
@@ -263,8 +518,10 @@ BYTES = pytest.mark.claim({ids})
 
 @BYTES
 def test_bytes(record):
-    record.verdict("FMT-BYTES", "confirmed", "fp16 2 bytes")
+    sizes = dict(fp16=2, fp32=4)
+    record.verdict("FMT-BYTES", "confirmed", f"fp16 {{sizes['fp16']}} bytes")
     # Negative control: fp32 takes 4.
+    assert sizes["fp32"] == 4
 """
 
 

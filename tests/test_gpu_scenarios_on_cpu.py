@@ -7,16 +7,19 @@ then only sets flags), times come from the wall clock (harness.measure's CPU pat
 memory from torch's tensor-level MemTracker instead of the CUDA allocator's statistics. The
 verdicts mean nothing at these sizes. What is checked: each test reaches a verdict for every
 claim it declares, and if it fails, it fails on a prediction, an assertion starting with its
-claim ID, never on an error of its own code.
+claim ID, never on an error of its own code. And, with synthetic timings in place of the wall
+clock's, that the verdicts follow each comparison's A/A control: decided where it holds,
+inconclusive where it is too wide, a failure naming the claim where it tells identical arms apart.
 """
 
 from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
-from conftest import load_scenario
+from conftest import assert_fails_naming, load_scenario
 
 from harness import devices, measure
 from harness.journal import JOURNAL_NAME, Journal
@@ -110,6 +113,77 @@ def test_speed_scenarios_run_to_their_verdicts(run_scenario, pytester, cuda_waiv
 def test_memory_and_speed_scenarios_run_to_their_verdicts(run_scenario, pytester, cuda_waived):
     result = run_scenario("test_memory_speed.py", plugins=(MEMORY_SPEED,))
     _reached_verdicts(result, pytester, tests=2)
+
+
+# Synthetic timings: seconds per call relative to the arm "fp32", roughly what a GPU shows. The
+# A/A arms ("<arm>-again") take their twin's time.
+TRAINING_STEP = {"fp32": 1.0, "tf32": 0.6, "amp-fp16": 0.5, "amp-bf16": 0.5}  # AMP 2x
+MATMUL = {"fp32": 1.0, "tf32": 0.5, "fp16": 0.25, "bf16": 0.25, "fp8": 0.125}  # fp16 4x: 2-8x
+ADD = {"fp32": 1.0, "fp16": 0.5}  # half the bytes: 2x
+ROUNDS = 15
+
+
+def _synthetic_compare(control: str):
+    """measure.compare's stand-in: calls no arm; every arm's times lie within 1% of its relative
+    time, but the A/A arm's follow `control`: 'tight' like every arm, 'wide' spread over
+    0.6-1.4x of its twin's (centred on it: identical arms, noisy), 'apart' 1.3x its twin's."""
+
+    def compare(arms, device_type, rounds=20, warmup=3):
+        rng = np.random.default_rng(len(arms))
+        relative = ADD if set(arms) == set(ADD) else MATMUL if "fp16" in arms else TRAINING_STEP
+        times = {}
+        for arm in arms:
+            base = relative[arm.removesuffix("-again")] * (1 + 0.01 * rng.standard_normal(ROUNDS))
+            if arm.endswith("-again") and control == "wide":
+                base = base * rng.permutation(np.linspace(0.6, 1.4, ROUNDS))
+            elif arm.endswith("-again") and control == "apart":
+                base = base * 1.3
+            times[arm] = [0.01 * t for t in base]
+        return measure.Comparison(device_type, times)
+
+    return compare
+
+
+TIMED = {  # module, its timing test, the claims it records, the one its control assertion names
+    "matmul": ("test_speed.py", "matmul", ("FMT-SPEED",), "FMT-SPEED"),
+    "training step": (
+        "test_speed.py",
+        "training_step",
+        ("PIT4-SMALL-NO-GAIN", "PIT4-ONLY-ABOVE-1B"),
+        "PIT4-SMALL-NO-GAIN",
+    ),
+    "HDL-SPEED": ("test_memory_speed.py", "speedup", ("HDL-SPEED",), "HDL-SPEED"),
+}
+
+
+@pytest.mark.parametrize("comparison", TIMED)
+@pytest.mark.parametrize("control", ["tight", "wide", "apart"])
+def test_timing_verdicts_follow_the_a_a_control(
+    run_scenario, pytester, cuda_waived, monkeypatch, comparison, control
+):
+    module, test, claims, named = TIMED[comparison]
+    monkeypatch.setattr(measure, "compare", _synthetic_compare(control))
+    toy = SPEED if module == "test_speed.py" else MEMORY_SPEED
+    result = run_scenario(module, "-k", test, plugins=(toy,))
+    (session,) = Journal(pytester.path / "reports" / JOURNAL_NAME).sessions().values()
+    (record,) = session.records
+    verdicts = {claim: record.verdicts[claim] for claim in claims}
+    if control == "tight":  # every AMP arm clearly faster, the control within 1%: decided
+        result.assert_outcomes(passed=1)
+        assert all(v.verdict != "inconclusive" for v in verdicts.values()), verdicts
+        return
+    # Too wide or apart, the control supports no decision, and the evidence says why.
+    assert all(v.verdict == "inconclusive" for v in verdicts.values()), verdicts
+    said = {  # per size for PIT4, of the one comparison otherwise
+        "wide": "too wide at" if named.startswith("PIT4") else "reaches past",
+        "apart": "differs at" if named.startswith("PIT4") else "tells identical arms apart",
+    }[control]
+    assert all("A/A control" in v.evidence for v in verdicts.values()), verdicts
+    assert any(said in v.evidence for v in verdicts.values()), verdicts
+    if control == "wide":  # noise is no regression: the test passes, its verdicts undecided
+        result.assert_outcomes(passed=1)
+    else:  # identical arms told apart: the negative control fails, naming the claim
+        assert_fails_naming(result, named)
 
 
 def _fp8_on_cpu() -> str | None:

@@ -6,6 +6,9 @@ import json
 
 import pytest
 
+from harness.errors import HarnessError
+from harness.record import Record
+
 GOOD = """
 import pytest
 
@@ -88,6 +91,10 @@ def test_a_passing_test_without_its_verdict_fails_naming_the_claim(pytester):
         ('record.verdict("FMT-BITS", "confirmed", "5 bits")', "does not declare*FMT-BITS*"),
         ('record.verdict("FMT-BYTES", "true", "2 bytes")', "unknown verdict 'true'*confirmed*"),
         ('record.verdict("FMT-BYTES", "confirmed", "it holds")', "evidence*carries no number*"),
+        (
+            'record.verdict("FMT-BYTES", "confirmed", "fp16 halves float32")',
+            "evidence*carries no number (only inside the names fp16, float32)*",
+        ),
     ],
 )
 def test_bad_verdicts_are_refused_with_the_fix(pytester, call, message):
@@ -101,6 +108,34 @@ def test_bytes(record):
     result = run(pytester, source)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*{message}"])
+
+
+def evidence_record(tmp_path) -> Record:
+    return Record("scenarios/test_x.py::test_y", ["FMT-BYTES"], "cpu", tmp_path)
+
+
+@pytest.mark.parametrize("evidence", ["fp16", "float32 and bfloat16", "sm_90", "e4m3 int8 H200"])
+def test_evidence_whose_digits_are_only_inside_names_is_refused(tmp_path, evidence):
+    record = evidence_record(tmp_path)
+    with pytest.raises(HarnessError, match=r"FMT-BYTES carries no number \(only inside the names"):
+        record.verdict("FMT-BYTES", "confirmed", evidence)
+    assert record.verdicts == {}
+
+
+@pytest.mark.parametrize(
+    "evidence",
+    ["65536 -> 32768", "2**-25", "0.19", "3 of 4", "fp16 underflows below 1e-7", "12% on sm_90"],
+)
+def test_evidence_with_a_number_of_its_own_is_accepted(tmp_path, evidence):
+    record = evidence_record(tmp_path)
+    record.verdict("FMT-BYTES", "confirmed", evidence)
+    assert record.verdicts["FMT-BYTES"].evidence == evidence
+
+
+def test_a_skipped_verdict_needs_no_number(tmp_path):
+    record = evidence_record(tmp_path)
+    record.verdict("FMT-BYTES", "skipped", "needs fp16_autocast")  # the skip reason
+    assert record.verdicts["FMT-BYTES"].verdict == "skipped"
 
 
 def test_a_failure_names_its_claims_and_keeps_the_measurement(pytester):

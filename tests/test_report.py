@@ -97,6 +97,21 @@ def store(tmp_path_factory) -> Path:
                     verdicts=[("NUM-UNDERFLOW", "partly", f"{SCRIPT} 2e-8 -> 0")]),
         make_record("test_f.py::test_gone", ["OLD-CLAIM"],  # since removed from the catalogue
                     verdicts=[("OLD-CLAIM", "confirmed", "1 old thing")]),
+        # Decided, then failed: the verdict does not stand.
+        make_record("test_f.py::test_norms", ["AMP-NORM-FP32"], outcome="failed",
+                    message="AssertionError: AMP-NORM-FP32: predicted 0 of 3",
+                    verdicts=[("AMP-NORM-FP32", "partly", "2 of 3 norms in fp32")]),
+        make_record("test_f.py::test_auto", ["AMP-AUTO-DTYPE"], outcome="capability-regression",
+                    message="capability regression: bfloat16 autocast is expected on cpu"),
+        # One claim, several tests: decided beats skipped; disagreement is shown.
+        make_record("test_f.py::test_over", ["NUM-OVERFLOW"],
+                    verdicts=[("NUM-OVERFLOW", "refuted", "65520 -> inf")]),
+        make_record("test_f.py::test_over_gpu", ["NUM-OVERFLOW"], outcome="skipped",
+                    message="needs CUDA", verdicts=[("NUM-OVERFLOW", "skipped", "needs CUDA")]),
+        make_record("test_f.py::test_zero", ["PIT3-ZERO-ALL"],
+                    verdicts=[("PIT3-ZERO-ALL", "refuted", "mean 0.5 on 2 ranks")]),
+        make_record("test_f.py::test_hook", ["PIT3-ZERO-ALL"],
+                    verdicts=[("PIT3-ZERO-ALL", "partly", "4 of 8 flushed")]),
     ])  # fmt: skip
     log_session(sink, GPU, now - 1800, [
         make_record("test_f.py::test_bits", ["FMT-BITS"],
@@ -138,8 +153,44 @@ def test_ledger_has_one_column_per_environment_from_its_latest_session(built):
     assert "superseded evidence" not in page  # the older CPU session is not shown
     assert "fp16 5/10 bits on the GPU" in gpu
     gpu, cpu = cells(ledger_row(page, "FMT-RANGE"))
-    assert "not run" in gpu and "v-no-verdict" in cpu and "test failed: AssertionError" in cpu
+    assert "not run" in gpu and "v-failed" in cpu and "test failed: AssertionError" in cpu
+    assert "failed (no verdict)" in cpu
     assert "not run" in cells(ledger_row(page, "PIT1-EXPLOSION"))[0]
+
+
+def test_a_verdict_recorded_before_a_failure_is_shown_failed_never_valid(built, store):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(default_uri(store))
+    experiment = client.get_experiment_by_name("amp-harness").experiment_id
+    (run,) = client.search_runs([experiment], "tags.`amp.test` = 'scenarios/test_f.py::test_norms'")
+    # In MLflow too: the recorded verdict, and beside it the status that counts.
+    assert run.data.tags["verdict.AMP-NORM-FP32"] == "partly"
+    assert run.data.tags["status.AMP-NORM-FP32"] == "failed (was: partly)"
+    page = (built / "index.html").read_text()
+    cpu = cells(ledger_row(page, "AMP-NORM-FP32"))[1]
+    assert "v-failed" in cpu and "v-partly" not in cpu
+    assert "failed (was: partly)" in cpu and "recorded before that: 2 of 3 norms" in cpu
+    markdown = (built / "summary.md").read_text()
+    assert "| AMP-NORM-FP32 | not run | [failed (was: partly)](" in markdown
+
+
+def test_one_claim_of_several_tests_follows_the_written_rule(built):
+    page = (built / "index.html").read_text()
+    over = cells(ledger_row(page, "NUM-OVERFLOW"))[1]
+    assert "across 2 tests: <strong>refuted</strong>" in over and "v-skipped" in over
+    zero = cells(ledger_row(page, "PIT3-ZERO-ALL"))[1]
+    assert "across 2 tests: <strong>mixed (refuted, partly)</strong>" in zero
+
+
+def test_capability_regressions_are_shown_apart_from_skips(built):
+    page = (built / "index.html").read_text()
+    cpu = cells(ledger_row(page, "AMP-AUTO-DTYPE"))[1]
+    assert "v-capability-regression" in cpu and "v-skipped" not in cpu
+    section = page.split('<section id="capability-regressions">')[1].split("</section>")[0]
+    assert "bfloat16 autocast is expected on cpu" in section and "AMP-AUTO-DTYPE" in section
+    assert "test_f.py::test_auto" in section
+    assert "## Capability regressions" in (built / "summary.md").read_text()
 
 
 def test_each_verdict_links_to_its_run_in_the_mlflow_ui(built, store):
@@ -159,12 +210,15 @@ def test_each_verdict_links_to_its_run_in_the_mlflow_ui(built, store):
     assert report._ui("postgresql://u:p@db/mlflow") == report.EMBEDDED_UI
 
 
-def test_uncovered_claims_say_whether_they_never_ran_or_only_skipped(built):
+def test_uncovered_claims_say_whether_they_never_ran_or_why_nothing_stands(built):
     found = uncovered((built / "index.html").read_text())
-    decided = {"FMT-BITS", "FMT-BYTES", "NUM-UNDERFLOW"}
-    assert set(found) == set(catalogue()) - decided
-    assert found["FMT-SPEED"] == "only skipped: needs CUDA: no GPU found"
-    assert found["FMT-RANGE"] == "no verdict in any run"  # its test failed before deciding
+    decided = {"FMT-BITS", "FMT-BYTES", "NUM-UNDERFLOW", "NUM-OVERFLOW", "PIT3-ZERO-ALL"}
+    assert set(found) == set(catalogue()) - decided  # AMP-NORM-FP32's verdict does not stand
+    assert found["FMT-SPEED"] == "no verdict that stands: skipped: needs CUDA: no GPU found"
+    assert found["FMT-RANGE"].startswith(  # its test failed before deciding
+        "no verdict that stands: failed (no verdict): test failed: AssertionError"
+    )
+    assert "failed (was: partly)" in found["AMP-NORM-FP32"]
     assert found["PIT1-EXPLOSION"] == "no verdict in any run"
     text = " ".join((built / "index.html").read_text().split())
     assert "(renamed or removed claims), not in the ledger: OLD-CLAIM." in text

@@ -8,6 +8,7 @@ import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_fails_naming, promote_layer_norm
 
 MODULE = "test_amp_mechanics.py"
@@ -21,6 +22,7 @@ def test_module_passes_unpatched(run_scenario):
     ("test", "claim", "failed"),
     [
         ("test_forward_is_not_all_fp16", "AMP-FWD-FP16", 1),
+        ("test_backward_follows_forward_dtype", "AMP-BWD-FP16", 1),  # backward matmuls in fp32
         ("test_autocast_picks_the_dtype_per_op", "AMP-AUTO-DTYPE", 2),  # float16 and bfloat16
     ],
 )
@@ -30,10 +32,57 @@ def test_autocast_that_does_nothing_fails(run_scenario, monkeypatch, test, claim
     assert_fails_naming(run_scenario(MODULE, "-k", test), claim, failed)
 
 
+class _Fp32BackwardLinear(torch.autograd.Function):
+    """A linear layer whose forward is autocast's (fp16 output) but whose backward computes its
+    matmuls in fp32 and hands back gradients in the dtypes autograd expects: every activation
+    gradient still has its output's dtype, only the arithmetic of backward has changed."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, linear):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return linear(x, weight, bias)  # autocast applies: fp16 under fp16 autocast
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors  # 2-D: the scenario's probe model feeds (batch, features)
+        g = grad.float()
+        grad_x = (g @ weight.float()).to(x.dtype)
+        grad_weight = (g.t() @ x.float()).to(weight.dtype)
+        grad_bias = g.sum(0).to(weight.dtype) if ctx.has_bias else None
+        return grad_x, grad_weight, grad_bias, None
+
+
+def test_fp32_backward_behind_fp16_activations_fails(run_scenario, monkeypatch):
+    # What the claim is about, broken alone: forward outputs and the gradients reaching them stay
+    # fp16, .grad stays fp32, but backward's matmuls run in fp32. Only an observation of the
+    # backward kernels can see it (the scenario's old check, gradient dtype == output dtype,
+    # passed here).
+    linear = F.linear
+    monkeypatch.setattr(
+        F, "linear", lambda x, w, b=None: _Fp32BackwardLinear.apply(x, w, b, linear)
+    )
+    result = run_scenario(MODULE, "-k", "test_backward_follows_forward_dtype")
+    assert_fails_naming(result, "AMP-BWD-FP16")
+    assert any("predicted every backward matmul on float16" in line for line in result.outlines)
+
+
+def _half_inputs(_module, args):
+    return tuple(a.half() if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+
+
 def test_fp16_parameters_fail_backward(run_scenario, monkeypatch):
-    # The model arrives with fp16 parameters, so their .grad is fp16 under autocast.
+    # The model arrives with fp16 parameters, so their .grad is fp16 under autocast. It casts
+    # its inputs to match, as the `half` recipe does, so that the scenario's run without
+    # autocast (its control) still runs rather than stopping at a dtype mismatch.
     to = torch.nn.Module.to
-    monkeypatch.setattr(torch.nn.Module, "to", lambda self, *a, **k: to(self, *a, **k).half())
+
+    def to_half(self, *args, **kwargs):
+        model = to(self, *args, **kwargs).half()
+        model.register_forward_pre_hook(_half_inputs)
+        return model
+
+    monkeypatch.setattr(torch.nn.Module, "to", to_half)
     result = run_scenario(MODULE, "-k", "test_backward_follows_forward_dtype")
     assert_fails_naming(result, "AMP-BWD-FP16")
 

@@ -10,10 +10,13 @@ margin (HDL-ACCURACY).
 
 from __future__ import annotations
 
-from conftest import assert_fails_naming
+import math
+
+from conftest import assert_fails_naming, load_scenario
 from torch.amp.grad_scaler import GradScaler, OptState
 
 MODULE = "test_convergence.py"
+convergence = load_scenario(MODULE)  # for its statistics, with synthetic runs (below)
 _step = GradScaler.step
 
 
@@ -36,3 +39,49 @@ def test_scaler_dropping_updates_fails_both_claims(run_scenario, monkeypatch):
 
 def test_module_passes_unpatched(run_scenario):
     run_scenario(MODULE).assert_outcomes(passed=2)
+
+
+# --- the statistic's seeds, with synthetic runs: no training, milliseconds ----------------------
+
+DELAY = 20  # steps: twice the MLP's margin of 10
+
+
+def _runs(amp_delays: dict[int, int]):
+    """A stand-in for the scenario's _run: every seed's fp32 loss falls along its own curve;
+    amp-fp16 follows the same curve `amp_delays[seed]` steps late (DELAY where not given);
+    amp-bf16 follows it exactly. Accuracy is the same everywhere."""
+    from harness.train import History
+
+    def run(device_type, setup, recipe, seed, loss_factor):
+        curve = [2.0 * math.exp(-t / (15 + seed)) + 0.1 for t in range(setup.steps)]
+        late = amp_delays.get(seed, DELAY) if recipe == "amp-fp16" else 0
+        losses = [curve[0]] * late + curve[: setup.steps - late]
+        history = History(loss=[x * loss_factor for x in losses])
+        return convergence.Run(history, 70.0, loss_factor)
+
+    return run
+
+
+def test_a_slowdown_every_seed_shows_alike_is_decided_on_more_seeds(monkeypatch):
+    # Three seeds each 20 steps late: no spread, too few pairs to decide anything, so a
+    # statistic that stopped there would let the prediction "no slowdown" pass silently. The
+    # setup trains on more seeds, and the same delay on all six decides the slowdown.
+    monkeypatch.setattr(convergence, "_run", _runs({}))
+    comparison = convergence._compare("cpu", convergence.SMALL[0], convergence.RECIPES)
+    assert comparison.slower("amp-fp16"), comparison.describe("amp-fp16", "mlp")
+    steps = comparison.steps("amp-fp16")
+    assert steps.no_spread and steps.mean == DELAY and steps.beyond(comparison.step_margin)
+    assert comparison.seeds == convergence.SEEDS and len(comparison.seeds) == 6
+    assert "amp-fp16 steps" in comparison.spreadless
+    assert not comparison.slower("amp-bf16") and comparison.no_gap("amp-bf16")
+    assert "6 seeds (3 left no spread in amp-fp16 steps" in comparison.seeds_note()
+
+
+def test_differences_with_spread_stay_on_three_seeds(monkeypatch):
+    monkeypatch.setattr(convergence, "_run", _runs({0: 19, 1: 20, 2: 22}))
+    measures = ("steps",)  # bf16's accuracy and steps equal fp32's: leave them out
+    comparison = convergence._compare(
+        "cpu", convergence.SMALL[0], ("fp32", "amp-fp16"), measures=measures
+    )
+    assert len(comparison.seeds) == 3 and comparison.spreadless == ()
+    assert comparison.steps("amp-fp16").beyond(comparison.step_margin)

@@ -94,6 +94,7 @@ def test_embedded_store_gets_one_parent_and_one_child_per_test(pytester):
     assert first.data.tags["claims"] == "FMT-BYTES"
     assert first.data.tags["verdict.FMT-BYTES"] == "confirmed"
     assert first.data.tags["outcome"] == "passed"
+    assert first.data.tags["status.FMT-BYTES"] == "confirmed"  # what counts, beside the outcome
     assert {f"env.{k}" for k in ENV_KEYS} <= set(first.data.tags)
     assert first.data.params["recipe"] == "fp32" and "device" in first.data.params
     assert children["test_third"].data.tags["verdict.NUM-UNDERFLOW"] == "partly"
