@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import subprocess
@@ -13,7 +14,15 @@ from harness import baseline, compare, report, verdicts
 from harness.claims import catalogue
 from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
-from harness.tracking import ARTIFACTS_NAME, DEFAULT_EXPERIMENT, MlflowSink, resolve_uri
+from harness.tracking import (
+    ARTIFACTS_NAME,
+    DB_NAME,
+    DEFAULT_EXPERIMENT,
+    MlflowSink,
+    default_uri,
+    redact,
+    resolve_uri,
+)
 
 NEXT_STEPS = """
 Where to look next:
@@ -58,7 +67,7 @@ def _report_after_run(reports: str, pytest_args: list[str]) -> None:
             _baseline_comparison(Path(reports), "auto"),
         )
     except Exception as exc:  # MLflow down, nothing logged, ...: say why, keep the exit code
-        print(f"report: not written ({exc}); retry with `amp-harness report`")
+        print(f"report: not written ({redact(str(exc))}); retry with `amp-harness report`")
         return
     print(f"report: {path}")
 
@@ -205,13 +214,37 @@ def _fraction(text: str) -> float:
 
 def _sync(args: argparse.Namespace) -> int:
     uri = resolve_uri(args.tracking_uri, Path(args.reports))
-    counts = MlflowSink(uri, args.experiment, Path(args.reports)).sync(
-        Journal(Path(args.reports) / JOURNAL_NAME)
-    )
-    print(
-        f"synced {Path(args.reports) / JOURNAL_NAME} to {uri}: {counts['sessions']} sessions, "
-        f"{counts['records_sent']} results sent, {counts['records_present']} already there"
-    )
+    journal = Journal(Path(args.reports) / JOURNAL_NAME)
+    sink = MlflowSink(uri, args.experiment, Path(args.reports))
+
+    def waiting() -> None:
+        print(f"waiting for another `amp-harness sync` of {journal.path} to finish", flush=True)
+
+    counts = sink.sync(journal, on_wait=waiting)
+    for note in sink.notes:
+        print(f"MLflow: {note}")
+    parts = [
+        f"{counts['sessions']} sessions",
+        f"{counts['records_sent']} results sent"
+        + (f" ({counts['records_replaced']} replacing half-logged runs)"
+           if counts["records_replaced"] else ""),
+        f"{counts['records_present']} already there",
+    ]  # fmt: skip
+    if counts["sessions_killed"]:
+        parts.append(f"{counts['sessions_killed']} unfinished sessions ended as KILLED")
+    if counts["sessions_running"]:
+        parts.append(f"{counts['sessions_running']} still running, left to their own process")
+    print(f"synced {journal.path} to {sink.label}: {', '.join(parts)}")
+    for refused in sink.refused:
+        print(f"amp-harness: error: MLflow refused {refused}", file=sys.stderr)
+    if sink.refused:
+        print(
+            f"amp-harness: error: {len(sink.refused)} results refused by MLflow stay in the "
+            "journal only: fix what it said (a value too long, a name it does not take), then "
+            "sync again",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 
@@ -255,19 +288,62 @@ def _report(args: argparse.Namespace) -> int:
 
 def _ui(args: argparse.Namespace) -> int:
     reports = Path(args.reports).resolve()
-    uri = resolve_uri(None, reports)
+    uri, cwd = default_uri(reports), None
+    if uri != f"sqlite:///{reports / DB_NAME}":
+        # A '?' or '%' in the path is escaped in the URI, and MLflow would create the folder the
+        # escaped text names: from inside the folder, the plain file name needs no escape.
+        uri, cwd = f"sqlite:///{DB_NAME}", reports
+    _check_ui_address(args.host, args.port)
     command = [
         sys.executable, "-m", "mlflow", "ui",
         "--backend-store-uri", uri,
         "--default-artifact-root", (reports / ARTIFACTS_NAME).as_uri(),
         "--host", args.host, "--port", str(args.port),
     ]  # fmt: skip
-    print(f"MLflow UI on http://{args.host}:{args.port} for {uri} (Ctrl-C stops it)")
+    print(f"MLflow UI on http://{args.host}:{args.port} for {reports / DB_NAME} (Ctrl-C stops it)")
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
     try:
-        return subprocess.call(command, env=env)
+        return subprocess.call(command, env=env, **({"cwd": cwd} if cwd else {}))
     except KeyboardInterrupt:
         return 0
+
+
+def _check_ui_address(host: str, port: int) -> None:
+    """Before the UI starts: the port must be free (MLflow's server would say so only in its
+    log, and `amp-harness ui` would have claimed to serve it), and an address other than
+    loopback is said to answer the network."""
+    import ipaddress
+    import socket
+
+    if not 0 < port < 65536:
+        raise HarnessError(f"--port {port}: give a port from 1 to 65535 (default 5000)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError as exc:
+        raise HarnessError(
+            f"--host {host}: not an address of this machine ({exc.strerror or exc}); the default "
+            "127.0.0.1 serves this machine only"
+        ) from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            taken = exc.errno == errno.EADDRINUSE
+            raise HarnessError(
+                f"--port {port}: port {port} on {host} is taken (another `amp-harness ui`, or "
+                f"another server): stop it, or pass another port, e.g. --port {port % 65535 + 1}"
+                if taken
+                else f"--host {host}: cannot listen there ({exc.strerror or exc}): use an "
+                "address of this machine, e.g. 127.0.0.1 (the default)"
+            ) from None
+    if not ipaddress.ip_address(address[0]).is_loopback:
+        print(
+            f"amp-harness: warning: --host {host}: the MLflow UI answers the network, and it has "
+            f"no authentication: anyone who reaches port {port} can read and delete the runs. "
+            "Leave --host out to serve this machine only (127.0.0.1)",
+            file=sys.stderr,
+        )
 
 
 def _new(args: argparse.Namespace) -> int:

@@ -374,6 +374,10 @@ def read_baseline(path: Path) -> dict:
         raise HarnessError(f"{path}: cannot read the baseline: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise HarnessError(f"{path}: not JSON ({exc}); {fix}") from exc
+    except RecursionError:  # json.loads recurses once per [ or {: `[` * 100000 exhausts Python
+        raise HarnessError(
+            f"{path}: nested too deeply to be a baseline (a baseline is 4 levels deep); {fix}"
+        ) from None
     problem = _problem(summary)
     if problem:
         raise HarnessError(f"{path}: {problem}; {fix}")

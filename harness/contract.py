@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import os
 import re
 import string
 import sys
@@ -466,7 +467,21 @@ def new_scenario(name: str, folder: Path) -> Path:
             f"prefix (the file is test_NAME.py, a Python module name); e.g. "
             f"`amp-harness new {suggestion.lower() or 'my_claim'}`"
         )
-    path = _scenario_folder(folder) / f"test_{name}.py"
+    folder = _scenario_folder(folder)
+    # The file system's limit on one file name (255 bytes on ext4, APFS, NTFS), checked here:
+    # open() past it raises "File name too long" with the whole name in the message.
+    try:
+        name_max = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):  # a platform or file system that does not say
+        name_max = 255
+    longest = name_max - len("test_.py")
+    if len(name) > longest:
+        raise HarnessError(
+            f"scenario name of {len(name)} characters is too long: test_NAME.py must fit the "
+            f"{name_max}-character file names of {folder}, so NAME takes at most {longest}; "
+            f"pick a shorter one, e.g. `amp-harness new {name[:40].rstrip('_') or 'my_claim'}`"
+        )
+    path = folder / f"test_{name}.py"
     text = string.Template(TEMPLATE_PATH.read_text(encoding="utf-8")).substitute(name=name)
     try:
         with path.open("x", encoding="utf-8") as f:  # "x": fails if the file exists
@@ -474,5 +489,9 @@ def new_scenario(name: str, folder: Path) -> Path:
     except FileExistsError:
         raise HarnessError(
             f"{path} exists: pick another NAME, or delete the file first if you mean to start over"
+        ) from None
+    except OSError as exc:  # a read-only folder, a full disk: the reason, never a traceback
+        raise HarnessError(
+            f"cannot write {path}: {exc.strerror}; make {folder} writable or pass --scenarios DIR"
         ) from None
     return path

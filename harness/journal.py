@@ -2,10 +2,23 @@
 
 Each line is written and fsync'ed before anything is sent to MLflow, so a crash, an unreachable
 tracking server or a killed session loses nothing: `amp-harness sync` replays the journal later.
+
+What a reader does with a journal that was damaged (a crash or a full disk cut a line; a hand
+edit; a newer version wrote it) is written down here once, for every reader (sync, list,
+baseline, compare, the plugin's end of session):
+- a line that is not JSON is skipped with a warning naming `journal.jsonl:LINE`; the file is
+  never rewritten, so nothing is lost by reading it;
+- a line whose start is garbage and whose end is a complete entry (what a cut line followed by
+  the next append used to give, before appends started on a fresh line) yields that entry;
+- an entry that is JSON but cannot be used (a field missing or of the wrong type) is skipped
+  with a warning naming the line and the field; the entries around it are read as usual;
+- fields and entry types this version does not know (a newer version wrote them) are ignored,
+  and said once per reading.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -15,9 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.record import Record
+from harness.record import Record, kind_of
 
 JOURNAL_NAME = "journal.jsonl"
+# Every entry starts with its type (json.dumps keeps the key order the harness writes): where a
+# line's start is garbage, a complete entry after it starts at one of these.
+_ENTRY_START = b'{"type"'
 
 
 @dataclass
@@ -27,6 +43,49 @@ class Session:
     entry: dict
     records: list[Record] = field(default_factory=list)
     end: dict | None = None
+
+
+def _text(value) -> bool:
+    return isinstance(value, str)
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _texts(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _counts(value) -> bool:
+    return isinstance(value, dict) and all(_whole(v) for v in value.values())
+
+
+# The fields each kind of entry must have for its readers (tracking, baseline, compare, list),
+# with what they must hold. Other fields are kept as they are.
+_ENTRY_FIELDS = {
+    "session": {
+        "session_id": (_text, "text"),
+        "name": (_text, "text"),
+        "started": (_number, "a number"),
+        "args": (_texts, "a list of text"),
+        "fingerprint": (lambda v: isinstance(v, dict), "an object"),
+    },
+    "record": {
+        "session_id": (_text, "text"),
+        "record": (lambda v: isinstance(v, dict), "an object"),
+    },
+    "session_end": {
+        "session_id": (_text, "text"),
+        "ended": (_number, "a number"),
+        "exitstatus": (_whole, "a whole number"),
+        "counts": (_counts, "an object of whole numbers"),
+    },
+}
 
 
 class Journal:
@@ -46,45 +105,185 @@ class Journal:
             ) from exc
 
     def append(self, entry: dict) -> None:
-        line = json.dumps(entry, ensure_ascii=False, allow_nan=False)
-        with self.path.open("a", encoding="utf-8") as f:
+        """Write `entry` as one whole line, on a line of its own, and fsync it.
+
+        If the write fails (a full disk), the file is cut back to its size before, so no half
+        line is left for the next append to glue itself to, and a HarnessError names the journal
+        and the fix."""
+        data = (json.dumps(entry, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
             # pytest-xdist workers append to one journal: one whole line at a time.
-            fcntl.flock(f, fcntl.LOCK_EX)
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.fstat(fd).st_size
+            # A line cut earlier (a crash, a full disk, a hand edit) must not swallow this entry:
+            # the reader would see one corrupt line and lose it (a whole session, if it is the
+            # session's first entry).
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            except OSError as exc:
+                raise self._append_failed(fd, size, entry, exc) from exc
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _append_failed(self, fd: int, size: int, entry: dict, exc: OSError) -> HarnessError:
+        try:
+            os.ftruncate(fd, size)  # what was written of this entry, gone: the journal as before
+            os.fsync(fd)
+            kept = "the journal is as it was before this entry"
+        except OSError:
+            kept = "part of this entry may remain as a cut line, which readers skip"
+        what = entry.get("type", "entry")
+        if isinstance(entry.get("record"), dict) and "test" in entry["record"]:
+            what = f"the record of {entry['record']['test']}"
+        reason = exc.strerror or str(exc)
+        fix = (
+            f"free space on the disk of {self.path.parent}"
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            else f"make {self.path} writable"
+        )
+        return HarnessError(
+            f"cannot append to the journal {self.path}: {reason} ({what} was not recorded; "
+            f"{kept}). Fix: {fix}, or pass --amp-reports DIR for a folder on another disk, "
+            "then run again"
+        )
 
     def entries(self) -> Iterator[dict]:
         """Every readable entry in order; a corrupt line is skipped with a warning."""
+        for _, entry in self._numbered_entries():
+            yield entry
+
+    def _numbered_entries(self) -> Iterator[tuple[int, dict]]:
         if not self.path.exists():
             return
-        with self.path.open(encoding="utf-8") as f:
+        with self.path.open("rb") as f:  # bytes: a cut line may end inside a UTF-8 character
             for number, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
-                try:
-                    entry = json.loads(line)
-                    if not isinstance(entry, dict) or "type" not in entry:
-                        raise ValueError("not a journal entry")
-                except ValueError as exc:
+                entry, skipped = _read_line(line)
+                where = f"{self.path}:{number}"
+                if entry is None:
                     warnings.warn(
-                        f"{self.path}:{number}: skipped a corrupt journal line ({exc})",
-                        stacklevel=2,
+                        f"{where}: skipped a corrupt journal line ({skipped})", stacklevel=3
                     )
                     continue
-                yield entry
+                if skipped:
+                    warnings.warn(
+                        f"{where}: skipped a corrupt start of a journal line ({skipped}) and read "
+                        f"the complete {entry['type']} entry after it",
+                        stacklevel=3,
+                    )
+                yield number, entry
 
     def sessions(self) -> dict[str, Session]:
-        """Every session, in the order they began, by id; a record whose session entry is
-        missing (a corrupt line) belongs to none and is left out."""
+        """Every session, in the order they began, by id. An entry that cannot be used (a field
+        missing or of the wrong type) is skipped with a warning naming its line and the field;
+        a record whose session entry is missing or unusable belongs to none and is left out,
+        and said."""
         found: dict[str, Session] = {}
-        for entry in self.entries():
-            session = found.get(entry.get("session_id"))
-            if entry["type"] == "session":
+        unknown: dict[str, list[int]] = {}  # field or entry type -> the lines that hold it
+        orphans: list[int] = []
+        for number, entry in self._numbered_entries():
+            kind = entry["type"]
+            if kind not in _ENTRY_FIELDS:
+                unknown.setdefault(f"entry type {kind!r}", []).append(number)
+                continue
+            problem = _entry_problem(entry)
+            problem = problem and f"{kind} entry: {problem}"
+            record = None
+            if problem is None and kind == "record":
+                try:
+                    record = Record.from_dict(entry["record"])
+                except HarnessError as exc:
+                    problem = f"record: {exc}"
+                for name in Record.unknown_fields(entry["record"]):
+                    unknown.setdefault(f"record.{name}", []).append(number)
+            if problem is not None:
+                warnings.warn(
+                    f"{self.path}:{number}: skipped a journal entry it cannot use: {problem} "
+                    "(the line stays in the file: fix it by hand to read it again)",
+                    stacklevel=2,
+                )
+                continue
+            session = found.get(entry["session_id"])
+            if kind == "session":
                 found[entry["session_id"]] = Session(entry)
-            elif session and entry["type"] == "record":
-                session.records.append(Record.from_dict(entry["record"]))
-            elif session and entry["type"] == "session_end":
+            elif session is None:
+                orphans.append(number)
+            elif record is not None:
+                session.records.append(record)
+            else:
                 session.end = entry
+        if orphans:
+            warnings.warn(
+                f"{self.path}: left out {len(orphans)} entries of sessions whose session entry "
+                f"is missing or unusable (lines {_lines(orphans)})",
+                stacklevel=2,
+            )
+        if unknown:
+            names = ", ".join(f"{name} (lines {_lines(lines)})" for name, lines in unknown.items())
+            warnings.warn(
+                f"{self.path}: ignored what this version of amp-harness does not know (written "
+                f"by a newer one? upgrade to read it): {names}",
+                stacklevel=2,
+            )
         return found
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until all of `data` is written: a write may take part of it (a nearly full
+    disk) and raise only at the next call."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_line(line: bytes) -> tuple[dict | None, str]:
+    """The entry a journal line holds, and what was skipped to read it ("" if nothing); None and
+    why if the line holds none.
+
+    The whole line is tried first. Failing that, a complete entry at the end of the line, after
+    garbage: each place where an entry could start (`{"type"`), left to right, is tried, and
+    the first one that parses as an entry up to the end of the line wins. Left to right finds
+    the outermost entry: a nested object that also starts with "type" (a param named type)
+    parses but leaves the rest of its entry unread, so it is never taken for one."""
+    entry, why = _parse(line)
+    if entry is not None:
+        return entry, ""
+    start = line.find(_ENTRY_START, 1)
+    while start != -1:
+        found, _ = _parse(line[start:])
+        if found is not None:
+            return found, f"{start} bytes: {why}"
+        start = line.find(_ENTRY_START, start + 1)
+    return None, why
+
+
+def _parse(text: bytes) -> tuple[dict | None, str]:
+    try:
+        entry = json.loads(text.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 at byte {exc.start}"
+    except ValueError as exc:
+        return None, str(exc)
+    if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+        return None, "not a journal entry"
+    return entry, ""
+
+
+def _entry_problem(entry: dict) -> str | None:
+    """The first field of `entry` that its readers cannot use, and why; None if none."""
+    for name, (check, expected) in _ENTRY_FIELDS[entry["type"]].items():
+        if name not in entry:
+            return f'field "{name}" is missing'
+        if not check(entry[name]):
+            return f'field "{name}" is {kind_of(entry[name])}, not {expected}'
+    return None
+
+
+def _lines(numbers: list[int]) -> str:
+    shown = ", ".join(map(str, numbers[:5]))
+    return shown + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")

@@ -17,6 +17,7 @@ import os
 import platform
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
 from harness.record import Record
 from harness.table import render
-from harness.tracking import DEFAULT_EXPERIMENT, MlflowSink, redact, resolve_uri
+from harness.tracking import DEFAULT_EXPERIMENT, MlflowSink, Running, redact, resolve_uri
 from harness.verdicts import CAPABILITY_REGRESSION
 
 WORKER_FLAG = "--amp-worker-output"
@@ -123,6 +124,7 @@ class AmpSession:
     records: list[Record] = field(default_factory=list)
     journal: Journal | None = None
     sink: MlflowSink | None = None
+    running: Running | None = None  # held while it runs: `amp-harness sync` leaves it alone
     entry: dict | None = None  # the journal's session entry, once tracking is open
     saved_threads: int | None = None
     baseline: Path | None = None  # the baseline file looked for (--amp-baseline)
@@ -131,6 +133,8 @@ class AmpSession:
     current: Record | None = None  # the test running now: recorded as interrupted on Ctrl-C
     worker_reports: list[dict] = field(default_factory=list)  # in a worker: for the parent
     shared: bool = False  # a pytest-xdist worker recording into its controller's session
+    journal_warnings: list[str] = field(default_factory=list)  # entries the readers skipped
+    journal_down: str = ""  # why the journal could not be appended to: the session stopped
     selected: set[str] = field(default_factory=set)  # scenario tests this session set out to run
     deselected: int = 0  # scenario tests deselected (-k, -m, --deselect, --lf, ...)
 
@@ -152,6 +156,9 @@ class AmpSession:
             return
         facts = fingerprint.collect(self.device, self.config.rootpath)
         self.open_baseline(facts)  # a bad baseline stops the session before anything is recorded
+        uri = None
+        if not self.config.getoption("no_mlflow"):  # a bad URI, too
+            uri = resolve_uri(self.config.getoption("tracking_uri"), self.reports)
         started = time.time()
         self.entry = {
             "type": "session",
@@ -163,9 +170,11 @@ class AmpSession:
             "args": [redact(str(a)) for a in self.config.invocation_params.args],
             "fingerprint": facts,
         }
+        # Before the session is in the journal: a sync that sees it also sees that it runs.
+        self.running = Running(self.journal.path.parent, self.entry["session_id"])
+        self.config.add_cleanup(self.running.close)  # also when the session stops on an error
         self.journal.append(self.entry)
-        if not self.config.getoption("no_mlflow"):
-            uri = resolve_uri(self.config.getoption("tracking_uri"), self.reports)
+        if uri:
             self.sink = MlflowSink(uri, self.config.getoption("amp_experiment"), self.reports)
             self.sink.start_session(self.entry)
 
@@ -220,7 +229,9 @@ class AmpSession:
         """Compare with the baseline before the session's end is recorded (a regression may
         fail the session): `ending` is the end entry to be."""
         if self.baseline_summary is not None:
-            session = baseline.summarize(self.journal, self.entry["session_id"], ending)
+            session = self.read_journal(
+                lambda: baseline.summarize(self.journal, self.entry["session_id"], ending)
+            )
             self.comparison = compare.compare(
                 self.baseline_summary, session, labels=(str(self.baseline), "this session")
             )
@@ -230,7 +241,17 @@ class AmpSession:
         journal."""
         if self.records or self.journal is None:
             return self.records
-        return self.journal.sessions()[self.entry["session_id"]].records
+        return self.read_journal(self.journal.sessions)[self.entry["session_id"]].records
+
+    def read_journal(self, read):
+        """`read()` of the journal, its warnings (entries it skipped, naming file:line) kept to
+        be shown under the verdict table: inside a session warnings may be errors, and a damaged
+        line must not cost the session its table and its end."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = read()
+        self.journal_warnings += [str(w.message) for w in caught]
+        return result
 
     @property
     def worker_output(self) -> str | None:
@@ -238,12 +259,20 @@ class AmpSession:
 
     def finish(self, record: Record) -> None:
         self.current = None
+        record.message = redact(record.message)  # a failure may quote a URI with its password
         self.records.append(record)
         if self.journal is None:
             return
-        self.journal.append(
-            {"type": "record", "session_id": self.entry["session_id"], "record": record.to_dict()}
-        )
+        entry = {
+            "type": "record",
+            "session_id": self.entry["session_id"],
+            "record": record.to_dict(),
+        }
+        try:
+            self.journal.append(entry)
+        except HarnessError as exc:  # a full disk: nothing more can be recorded, say so and stop
+            self.journal_down = str(exc)
+            pytest.exit(f"amp-harness: {exc}", returncode=pytest.ExitCode.INTERNAL_ERROR)
         if self.sink:
             self.sink.log_record(self.entry, record)
 
@@ -587,6 +616,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if records:
         terminalreporter.write(render(records, writer.fullwidth, writer.hasmarkup))
     terminalreporter.write_line(f"journal: {state.journal.path}")
+    for message in dict.fromkeys(state.journal_warnings):
+        terminalreporter.write_line(f"journal: {message}", yellow=True)
+    if state.journal_down:
+        terminalreporter.write_line(f"journal: {state.journal_down}", red=True, bold=True)
     if state.sink is None:
         terminalreporter.write_line(
             f"MLflow: off (--no-mlflow); `amp-harness sync --reports {state.reports}` sends "
@@ -594,16 +627,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         )
     elif state.sink.down:
         terminalreporter.write_line(
-            f"MLflow: {state.sink.down}; every result is in the journal: once MLflow is "
-            f"reachable, run `amp-harness sync --reports {state.reports} --tracking-uri "
-            f"{state.sink.uri}`",
+            f"MLflow: {state.sink.down}; every result is in the journal: {state.sink.recovery()}",
             yellow=True,
         )
     else:
         terminalreporter.write_line(
-            f"MLflow: {state.sink.uri} (experiment {state.sink.experiment!r}); browse with "
+            f"MLflow: {state.sink.label} (experiment {state.sink.experiment!r}); browse with "
             "`amp-harness ui`"
         )
+    for refused in state.sink.refused if state.sink else []:
+        terminalreporter.write_line(
+            f"MLflow refused {refused}; the result is in the journal", yellow=True
+        )
+    for note in state.sink.notes if state.sink else []:
+        terminalreporter.write_line(f"MLflow: {note}")
     if state.baseline is not None:
         _write_comparison(terminalreporter, state)
 
@@ -678,6 +715,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     for r in state.session_records():
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
     end.update(ended=time.time(), exitstatus=int(session.exitstatus), counts=counts)
-    state.journal.append(end)
-    if state.sink:
-        state.sink.end_session(state.entry, end)
+    try:
+        if not state.journal_down:
+            state.journal.append(end)
+        if state.sink:
+            state.sink.end_session(state.entry, end)
+    except HarnessError as exc:  # the journal could not take the end: said under the table
+        state.journal_down = str(exc)
+    finally:
+        if state.running:  # from here on, `amp-harness sync` may end its run if need be
+            state.running.close()

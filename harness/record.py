@@ -3,13 +3,16 @@ per declared claim with an evidence sentence that carries the numbers.
 
 A Record is plain data. The pytest plugin creates one per scenario test, hands it to the test
 through the `record` fixture, and after the test adds the outcome and passes it downstream
-(journal, then MLflow). Nothing here knows about pytest or MLflow.
+(journal, then MLflow). Nothing here imports pytest or MLflow: names are held to a copy of
+MLflow's rule for keys (and to MLflow's own check as well, when MLflow is already loaded).
 """
 
 from __future__ import annotations
 
 import math
+import posixpath
 import re
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -18,7 +21,22 @@ from pathlib import Path
 from harness.claims import check_verdict
 from harness.errors import HarnessError
 
-_METRIC_NAME = re.compile(r"^[A-Za-z0-9_\-./ ]+$")  # what MLflow accepts as a key
+# MLflow's rule for metric, param and tag keys (mlflow/utils/validation.py in MLflow 3.17:
+# validate_param_and_metric_name, path_not_unique, MAX_ENTITY_KEY_LENGTH), copied so that recording
+# needs no MLflow (a GPU runner may lack it) and a bad name fails its test at once, not at log
+# time, where MLflow's refusal switches MLflow off for the rest of the session. The characters
+# are MLflow's Windows set (no ':'), since a journal may be synced to a server on any platform;
+# fullmatch, not MLflow's re.match(...$), which lets a trailing newline through.
+_KEY_CHARACTERS = re.compile(r"[/\w.\- ]*")
+_KEY_LENGTH = 250
+# MLflow's own check for each kind of name; run as well when MLflow is already imported (a
+# tracked session imports it before any test), so a newer MLflow's stricter rule is met too.
+_MLFLOW_CHECK = {
+    "metric": "_validate_metric_name",
+    "history": "_validate_metric_name",
+    "param": "_validate_param_name",
+    "figure": "_validate_metric_name",
+}
 # Evidence read as names and numbers, left to right: a run of letters, digits and _ that starts
 # with a letter is a name (fp16, float32, sm_90, e4m3fn, H200), whose digits measure nothing; a
 # run of digits elsewhere is a number (65536, 0.19, 2**-25, 3/4, 1e-7, 12%). "x1000" is a factor.
@@ -54,7 +72,7 @@ class Record:
 
     def param(self, **values) -> None:
         """Inputs of the experiment: recipe, model, size, seed, ..."""
-        self.params.update({k: str(v) for k, v in values.items()})
+        self.params.update({_key(k, "param"): str(v) for k, v in values.items()})
 
     def metric(self, **values: float) -> None:
         """Scalar observations; names become MLflow metric keys."""
@@ -64,7 +82,7 @@ class Record:
     def history(self, prefix: str = "", **series) -> None:
         """Per-step arrays (loss=[...], scale=[...]); sent to MLflow in one batch per test."""
         for name, values in series.items():
-            self.histories[_key(prefix + name)] = [float(v) for v in values]
+            self.histories[_key(prefix + name, "history")] = [float(v) for v in values]
 
     def figure(self, name: str, fig) -> None:
         """Save a matplotlib figure as PNG beside the record; it is logged as an artifact.
@@ -72,7 +90,7 @@ class Record:
         Build figures with `matplotlib.figure.Figure` (as harness.figures does): pyplot keeps
         every figure it made alive until closed, and needs a display backend."""
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
-        filename = f"{_key(name).replace('/', '_')}.png"
+        filename = f"{_key(name, 'figure').replace('/', '_')}.png"
         fig.savefig(self.artifact_dir / filename, dpi=100)
         self.figures.append(filename)
 
@@ -109,12 +127,106 @@ class Record:
 
     @classmethod
     def from_dict(cls, data: dict) -> Record:
-        data = dict(data)
-        data["artifact_dir"] = Path(data["artifact_dir"])
-        data["verdicts"] = {v["claim"]: Verdict(**v) for v in data["verdicts"]}
-        data["metrics"] = {k: float(v) for k, v in data["metrics"].items()}
-        data["histories"] = {k: [float(v) for v in vs] for k, vs in data["histories"].items()}
-        return cls(**data)
+        """The record `to_dict` wrote. A field missing or of the wrong type is a HarnessError
+        naming the field (readers of the journal skip that record and say so); fields this
+        version does not know, from a newer one, are ignored (`unknown_fields` names them)."""
+        if not isinstance(data, dict):
+            raise HarnessError(f"is {kind_of(data)}, not an object")
+        for name, spec in _FIELDS.items():
+            if name not in data:
+                raise HarnessError(f'field "{name}" is missing')
+            problem = _problem(data[name], spec)
+            if problem:
+                raise HarnessError(f'field "{name}"{problem}')
+        verdicts = {}
+        for index, v in enumerate(data["verdicts"]):
+            for name in _VERDICT_FIELDS:
+                if name not in v:
+                    raise HarnessError(f'verdicts[{index}]: field "{name}" is missing')
+                problem = _problem(v[name], "text")
+                if problem:
+                    raise HarnessError(f'verdicts[{index}]: field "{name}"{problem}')
+            verdicts[v["claim"]] = Verdict(*(v[name] for name in _VERDICT_FIELDS))
+        values = {name: data[name] for name in _FIELDS}
+        values["artifact_dir"] = Path(values["artifact_dir"])
+        values["verdicts"] = verdicts
+        values["metrics"] = {k: float(v) for k, v in values["metrics"].items()}
+        values["histories"] = {k: [float(v) for v in vs] for k, vs in values["histories"].items()}
+        return cls(**values)
+
+    @staticmethod
+    def unknown_fields(data: dict) -> list[str]:
+        """The fields of a record dict that this version does not read (a newer one wrote them)."""
+        found = [name for name in data if name not in _FIELDS]
+        for v in data.get("verdicts") or []:
+            if isinstance(v, dict):
+                found += [f"verdicts[].{name}" for name in v if name not in _VERDICT_FIELDS]
+        return list(dict.fromkeys(found))
+
+
+# The fields to_dict writes, each with the JSON it must hold: "text", "number", "value" (a metric:
+# a number, or inf/NaN as text, since JSON has neither), "object", or (container, item spec). All
+# are required: a record_id or `started` made up by default would make `sync` send the record
+# again at every run, and an empty default would hide what was lost.
+_FIELDS = {
+    "test": "text",
+    "claims": ("list", "text"),
+    "device": "text",
+    "artifact_dir": "text",
+    "record_id": "text",
+    "started": "number",
+    "params": ("object", "text"),
+    "metrics": ("object", "value"),
+    "histories": ("object", ("list", "value")),
+    "figures": ("list", "text"),
+    "verdicts": ("list", "object"),
+    "outcome": "text",
+    "message": "text",
+    "ended": "number",
+}
+_VERDICT_FIELDS = ("claim", "verdict", "evidence")
+_NON_FINITE = ("inf", "-inf", "nan")  # how to_dict writes them
+_WORDS = {"text": ("text", "text"), "number": ("a number", "numbers"),
+          "value": ("a number", "numbers"), "object": ("an object", "objects")}  # fmt: skip
+
+
+def _describe(spec, plural: bool = False) -> str:
+    if isinstance(spec, tuple):
+        container, item = spec
+        return f"{'an object' if container == 'object' else 'a list'} of {_describe(item, True)}"
+    return _WORDS[spec][plural]
+
+
+def _problem(value, spec, where: str = "") -> str | None:
+    """What is wrong with `value` as `spec`, from `where` inside the field (`['loss'][3]`)."""
+    if isinstance(spec, tuple):
+        container, item = spec
+        if not isinstance(value, dict if container == "object" else list):
+            return f"{where} is {kind_of(value)}, not {_describe(spec)}"
+        pairs = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, inner in pairs:
+            problem = _problem(inner, item, f"{where}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    fine = {
+        "text": isinstance(value, str),
+        "number": number,
+        "value": number or value in _NON_FINITE,
+        "object": isinstance(value, dict),
+    }[spec]
+    return None if fine else f"{where} is {kind_of(value)}, not {_describe(spec)}"
+
+
+def kind_of(value) -> str:
+    """A JSON value, in words: its type, and the text itself when it is short."""
+    if isinstance(value, str):
+        return f"text {value!r}" if len(value) <= 40 else "text"
+    if isinstance(value, bool):
+        return "a boolean"
+    words = {int: "a number", float: "a number", list: "a list", dict: "an object"}
+    return words.get(type(value), "null" if value is None else type(value).__name__)
 
 
 def _read(evidence: str) -> tuple[list[str], list[str]]:
@@ -125,12 +237,42 @@ def _read(evidence: str) -> tuple[list[str], list[str]]:
     return numbers, list(dict.fromkeys(names))
 
 
-def _key(name: str) -> str:
-    if not _METRIC_NAME.match(name):
-        raise HarnessError(
-            f"metric name {name!r}: use letters, digits, and _ - . / or spaces (MLflow's rule)"
-        )
+def _key(name: str, kind: str = "metric") -> str:
+    """`name` if MLflow takes it as a key, else a HarnessError naming it, the rule and the fix."""
+    problem = key_problem(name, kind)
+    if problem:
+        raise HarnessError(f"{kind} name {name!r}: {problem}")
     return name
+
+
+def key_problem(name: str, kind: str = "metric") -> str | None:
+    """Why MLflow would refuse `name` as a `kind` (metric, history, param, figure) key; None if
+    it would not."""
+    if not isinstance(name, str) or not name:
+        return "a name must be a non-empty string"
+    if not _KEY_CHARACTERS.fullmatch(name):
+        return "use letters, digits, and _ - . / or spaces (MLflow's rule)"
+    norm = posixpath.normpath(name)
+    # MLflow's path_not_unique: a key may become a file path; it must name itself and stay inside.
+    if norm != name or norm == "." or norm.startswith("..") or norm.startswith("/"):
+        parts = [p for p in name.split("/") if p and p not in (".", "..")]
+        fix = f"e.g. {'/'.join(parts)!r}" if parts else "a name with letters or digits"
+        return (
+            f"MLflow treats names as file paths and refuses one that would resolve to another "
+            f"({norm!r}) or leave its folder: no empty, '.' or '..' parts, no leading or trailing "
+            f"'/', no leading '..' (MLflow's rule); use {fix}"
+        )
+    if len(name) > _KEY_LENGTH:
+        return f"{len(name)} characters: MLflow takes at most {_KEY_LENGTH}; use a shorter name"
+    mlflow = sys.modules.get("mlflow.utils.validation")  # never imported here: it takes seconds
+    check = getattr(mlflow, _MLFLOW_CHECK[kind], None)
+    if check is not None:
+        try:
+            check(name)
+        except Exception as exc:  # MlflowException, whose message states MLflow's rule
+            version = getattr(sys.modules.get("mlflow"), "__version__", "")
+            return f"MLflow {version} refuses it: {exc}"
+    return None
 
 
 def _jsonable(value: float) -> float | str:

@@ -6,14 +6,39 @@
 - the figures as PNG files: the scenarios' figures and an overview of the verdicts.
 
 What it shows: the verdict ledger (every claim of the catalogue x every environment found, an
-environment being one set of `env.*` tags; per environment its latest session only), the claims
-no scenario covers, each scenario's figures grouped by test, and a comparison passed in by the
-caller (`comparison=`; harness.compare builds it).
+environment being one set of `env.*` tags), the claims no scenario covers, each scenario's
+figures grouped by test, and a comparison passed in by the caller (`comparison=`;
+harness.compare builds it).
+
+Which session a ledger column shows. A session is complete when its parent run ended: status
+FINISHED or FAILED (FAILED: a test failed, the session still ran to its end), an end time, the
+`tests.*` counts `MlflowSink._end_session` logs at the end, MLflow holds every test those counts
+name, and none of them is only partly logged (`amp.complete=false`). Any other session is
+incomplete: still RUNNING (killed, crashed, or running now: nothing ended it), KILLED (Ctrl-C,
+or ended by `amp-harness sync` as killed, with its `amp.end_reason`), one that ran part of the
+suite (`amp.left_out`: -k, a module not run) or ended on pytest's internal or usage error
+(`amp.exitstatus` 3 or 4), or lacking tests the tracking server never fully received
+(`amp-harness sync` sends them).
+
+An environment's column is its latest *complete* session, so that a session killed after one
+test never stands in for the verdicts of the whole suite (its other claims would read "not
+run"). A newer incomplete session is not hidden either: it gets its own column beside that one,
+marked "incomplete" with why and how many tests it recorded. Two columns, one session each,
+rather than one column merging claim by claim: every entry in a column comes from one session,
+on one date, as a comparison of sessions needs. An environment with no complete session shows
+its latest one, marked. Older sessions, complete or not, are superseded and not shown.
+
+Evidence, failure messages and skip reasons are capped per entry (harness.table.cap): the
+numbers stay on the page, and each entry links to its MLflow run, whose record.json holds the
+full text. Reading MLflow fails as one HarnessError naming the tracking URI (without its
+password) and the fix; every call is bounded by tracking.client's settings (about 10 s against
+a server that hangs).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import os
 import re
@@ -27,16 +52,29 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import harness
-from harness import tracking, verdicts
+from harness import table, tracking, verdicts
 from harness.claims import catalogue
 from harness.errors import HarnessError
-from harness.tracking import DEFAULT_EXPERIMENT
+from harness.table import cap
+
+# Tags harness.tracking writes; runs logged by older versions have none of them.
+from harness.tracking import (
+    COMPLETE,
+    DEFAULT_EXPERIMENT,
+    END_REASON,
+    EXIT_STATUS,
+    LEFT_OUT,
+)
 
 DEFAULT_NAME = "report"  # a fixed name, overwritten by the next build: a stable path to bookmark
 EMBEDDED_UI = "http://127.0.0.1:5000"  # what `amp-harness ui` (and `mlflow ui`) serve by default
 TEMPLATE = "report.html.j2"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PAGE = 5000  # runs per search_runs call: under every store's maximum (SQLite and REST: 50,000)
+ENDED = ("FINISHED", "FAILED")  # parent run statuses of a session that ran to its end
+# Where an entry's capped text is whole. Not "N more in record.json": the tag read here may
+# itself be cut (tracking keeps 5,000 characters of evidence), so N is only what was cut here.
+IN_MLFLOW = "cut here; record.json in its MLflow run holds the full text"
 # Colours per kind of entry (a verdict that stands, or what voided it), shared by the HTML (CSS
 # classes) and the overview figure.
 COLOURS = {
@@ -76,12 +114,21 @@ class Cell:
 
 @dataclass
 class Environment:
+    """One ledger column: one session of one environment (see the module docstring)."""
+
     facts: dict[str, str]  # the env.* tags, without the prefix
     label: str
     session_name: str
     session_url: str | None  # the session's parent run, when there is one
     started: float  # seconds since the epoch
-    tests: list = field(default_factory=list)  # MLflow runs of the latest session's tests
+    tests: list = field(default_factory=list)  # MLflow runs of the session's tests
+    incomplete: str = ""  # why the session is incomplete, with its test count; "" if complete
+    beside: bool = False  # incomplete and newer than the environment's complete column
+
+    @property
+    def heading(self) -> str:
+        """The column's name: the environment, and "incomplete" for an incomplete session."""
+        return f"{self.label} (incomplete)" if self.incomplete else self.label
 
 
 @dataclass
@@ -107,8 +154,9 @@ def build(
     """
     out = Path(out)
     _check_target(out)
-    client, experiment_id = _open(tracking_uri, experiment)
-    runs = _all_runs(client, experiment_id)
+    with _reading(tracking_uri, "reading the experiment and its runs"):
+        client, experiment_id = _open(tracking_uri, experiment)
+        runs = _all_runs(client, experiment_id)
     ui = _ui(tracking_uri)
 
     def link(run_id: str) -> str:
@@ -124,7 +172,8 @@ def build(
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     work.chmod(0o755)  # mkdtemp's 0o700 would hide the report from the people it is for
     try:
-        figures = [_figures(env, tracking_uri, work, i) for i, env in enumerate(environments)]
+        with _reading(tracking_uri, "downloading the figures"):
+            figures = [_figures(env, tracking_uri, work, i) for i, env in enumerate(environments)]
         counts = [
             Counter(e.kind for _claim, cells in ledger for e in cells[i].entries)
             for i in range(len(environments))
@@ -148,6 +197,7 @@ def build(
             "comparison": comparison,
             "comparison_columns": _columns(comparison),
             "verdict_order": list(COLOURS),
+            "evidence_chars": f"{table.EVIDENCE_CHARS:,}",
             "colours": COLOURS,
             "when": _when,
         }
@@ -191,15 +241,42 @@ def _replace(out: Path, work: Path) -> None:
 # --- reading MLflow -------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _reading(uri: str, what: str):
+    """MLflow's own errors while reading (a server down or hanging, a database that refuses)
+    as one HarnessError naming the store and the fix; MLflow's messages repeat the URI, so
+    they are redacted too."""
+    started = time.monotonic()
+    try:
+        yield
+    except HarnessError:
+        raise
+    except Exception as exc:  # MlflowException, requests' and SQLAlchemy's errors alike
+        first = tracking.redact((str(exc).strip().splitlines() or [type(exc).__name__])[0])
+        if len(first) > 300:  # MLflow's start names the call, its end the cause (a timeout)
+            first = f"{first[:140]} … {first[-140:]}"
+        if urlparse(uri).scheme in ("http", "https"):
+            fix = "start the tracking server, or correct its address"
+        else:
+            fix = "check that the store and its artifacts are there and readable"
+        raise HarnessError(
+            f"cannot read MLflow at {tracking.redact(uri)}: {what} failed after "
+            f"{time.monotonic() - started:.1f} s ({first}). "
+            f"Fix: {fix} (--tracking-uri or $MLFLOW_TRACKING_URI), then run `amp-harness "
+            "report` again. Nothing is lost: every result is in the journal, and `amp-harness "
+            "sync` sends MLflow what it lacks"
+        ) from None
+
+
 def _open(uri: str, experiment: str):
-    if uri.startswith("sqlite:"):
-        # Opening a missing SQLite file would create an empty store: say where to look instead.
-        path = Path(urlparse(uri).path)
-        if not path.is_file():
-            raise HarnessError(
-                f"no MLflow store {path}: run `amp-harness run` first, or pass --reports DIR "
-                "or --tracking-uri URI for the store that holds the runs"
-            )
+    # Opening a missing SQLite file would create an empty store: say where to look instead. The
+    # file as SQLAlchemy reads the URI (tracking.sqlite_path): urlparse cuts a path at '#'.
+    path = tracking.sqlite_path(uri)
+    if path is not None and not path.is_file():
+        raise HarnessError(
+            f"no MLflow store {path}: run `amp-harness run` first, or pass --reports DIR "
+            "or --tracking-uri URI for the store that holds the runs"
+        )
     client = tracking.client(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -226,7 +303,8 @@ def _env(run) -> dict[str, str]:
 
 
 def _latest_sessions(runs: list, link) -> list[Environment]:
-    """One Environment per distinct set of env.* tags, holding its latest session's tests."""
+    """The ledger's columns: per distinct set of env.* tags, its latest complete session, and
+    beside it a newer incomplete one (the module docstring says why)."""
     from harness import fingerprint  # here: it imports torch, which `amp-harness ui` never needs
 
     sessions: dict[str, dict] = {}
@@ -242,6 +320,7 @@ def _latest_sessions(runs: list, link) -> list[Environment]:
                 "started": run.info.start_time,
                 "name": sid,
                 "url": None,
+                "parent": None,
                 "tests": [],
             },
         )
@@ -251,38 +330,82 @@ def _latest_sessions(runs: list, link) -> list[Environment]:
                 started=run.info.start_time,
                 name=run.info.run_name,
                 url=link(run.info.run_id),
+                parent=run,
             )
         else:
             session["tests"].append(run)
             session["started"] = min(session["started"], run.info.start_time)
-    latest: dict[tuple, dict] = {}
+    by_env: dict[tuple, list[dict]] = defaultdict(list)
     for session in sessions.values():
-        key = tuple(sorted(session["env"].items()))
-        if key not in latest or session["started"] > latest[key]["started"]:
-            latest[key] = session
-    environments = [
-        Environment(
-            facts=session["env"],
-            label=fingerprint.label(defaultdict(lambda: "n/a", session["env"])),
-            session_name=session["name"],
-            session_url=session["url"],
-            started=session["started"] / 1000,
-            tests=sorted(session["tests"], key=lambda r: r.data.tags.get("amp.test", "")),
-        )
-        for session in latest.values()
-    ]
-    environments.sort(key=lambda env: (env.label, env.started))
+        by_env[tuple(sorted(session["env"].items()))].append(session)
+    environments = []
+    for group in by_env.values():
+        newest = max(group, key=lambda s: s["started"])
+        complete = [s for s in group if not _incomplete(s["parent"], s["tests"])]
+        shown = [max(complete, key=lambda s: s["started"])] if complete else []
+        if newest not in shown:  # no complete session, or one newer than the complete one
+            shown.append(newest)
+        label = fingerprint.label(defaultdict(lambda: "n/a", newest["env"]))
+        environments += [
+            Environment(
+                facts=session["env"],
+                label=label,
+                session_name=session["name"],
+                session_url=session["url"],
+                started=session["started"] / 1000,
+                tests=sorted(session["tests"], key=lambda r: r.data.tags.get("amp.test", "")),
+                incomplete=_incomplete(session["parent"], session["tests"]),
+                beside=session is not shown[0],
+            )
+            for session in shown
+        ]
+    # By label, then the environment (so that its two columns stay side by side), then time.
+    environments.sort(key=lambda env: (env.label, sorted(env.facts.items()), env.started))
     _disambiguate(environments)
     return environments
 
 
+def _incomplete(parent, tests: list) -> str:
+    """Why a session is incomplete, with what it recorded; "" for a complete one (the module
+    docstring's rule). `parent`: its session run, None where MLflow has none."""
+    recorded = f"{len(tests)} test{'s' if len(tests) != 1 else ''} recorded"
+    if parent is None:
+        return f"no session run in MLflow; {recorded}"
+    status = parent.info.status
+    if status == "KILLED":
+        why = parent.data.tags.get(END_REASON) or "killed or interrupted (MLflow status KILLED)"
+        return f"{why}; {recorded}"
+    if status not in ENDED or not parent.info.end_time:
+        return f"did not end (MLflow status {status}): killed, crashed or still running; {recorded}"
+    if parent.data.tags.get(LEFT_OUT):  # -k, a module not run: its other claims say nothing
+        return f"ran part of the suite ({parent.data.tags[LEFT_OUT]}); {recorded}"
+    if parent.data.tags.get(EXIT_STATUS) in ("3", "4"):  # pytest: internal error, usage error
+        return f"ended on pytest exit status {parent.data.tags[EXIT_STATUS]}; {recorded}"
+    counted = sum(int(v) for k, v in parent.data.metrics.items() if k.startswith("tests."))
+    if tests and not counted:  # _end_session logs the counts before the status: not its end
+        return f"ended without its tests.* counts; {recorded}"
+    if counted > len(tests):  # the server went down during the session
+        return (
+            f"MLflow has {len(tests)} of the {counted} tests it ran: `amp-harness sync` sends "
+            "the rest from the journal"
+        )
+    half = sum(run.data.tags.get(COMPLETE) == "false" for run in tests)
+    if half:  # a process killed while it logged them: their metrics or files may be missing
+        return (
+            f"{half} of its {len(tests)} test runs only partly logged: `amp-harness sync` logs "
+            "them again from the journal"
+        )
+    return ""
+
+
 def _disambiguate(environments: list[Environment]) -> None:
-    """Environments with the same label get the facts that tell them apart (git commit, ...)."""
+    """Environments with the same label get the facts that tell them apart (git commit, ...);
+    an environment's two columns (complete, incomplete) share its label."""
     by_label: dict[str, list[Environment]] = defaultdict(list)
     for env in environments:
         by_label[env.label].append(env)
     for same in by_label.values():
-        if len(same) < 2:
+        if len({tuple(sorted(env.facts.items())) for env in same}) < 2:
             continue
         keys = sorted({k for env in same for k in env.facts})
         differing = [k for k in keys if len({env.facts.get(k, "n/a") for env in same}) > 1]
@@ -320,7 +443,7 @@ def _cell(claim: str, env: Environment, link) -> Cell:
                 claim=claim,
                 verdict=status.label,
                 kind=_kind(status),
-                evidence=status.evidence,
+                evidence=cap(status.evidence, IN_MLFLOW),
                 test=status.test,
                 url=link(run.info.run_id),
             )
@@ -336,7 +459,7 @@ def _capability_regressions(env: Environment) -> list[tuple[str, str, str]]:
             found[run.data.tags.get("outcome.message", "")].append(run)
     return [
         (
-            message,
+            cap(message, IN_MLFLOW),
             ", ".join(r.data.tags.get("amp.test", r.info.run_name) for r in runs),
             ", ".join(dict.fromkeys(c for r in runs for c in r.data.tags["claims"].split(","))),
         )
@@ -360,7 +483,9 @@ def _uncovered(runs: list) -> list[tuple[str, str, str]]:
         if any(s.stands for s in statuses):
             continue
         if statuses:
-            reasons = sorted({f"{s.label}: {s.evidence}" for s in statuses if s.evidence})
+            reasons = sorted(
+                {f"{s.label}: {cap(s.evidence, IN_MLFLOW)}" for s in statuses if s.evidence}
+            )
             why = "no verdict that stands" + (f": {'; '.join(reasons)}" if reasons else "")
         else:
             why = "no verdict in any run"
@@ -417,7 +542,7 @@ def _overview(environments: list[Environment], counts: list[Counter], work: Path
 
     fig = MplFigure(figsize=(9, 0.6 + 0.55 * len(environments)), layout="constrained")
     ax = fig.subplots()
-    labels = [env.label for env in environments]
+    labels = [env.heading for env in environments]  # distinct: barh merges equal labels
     left = [0] * len(environments)
     for kind, colour in COLOURS.items():
         widths = [c.get(kind, 0) for c in counts]
@@ -425,7 +550,7 @@ def _overview(environments: list[Environment], counts: list[Counter], work: Path
             ax.barh(labels, widths, left=left, color=colour, label=kind)
             left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()
-    ax.set_xlabel("verdicts in the latest session (one per claim and test)")
+    ax.set_xlabel("verdicts in the session shown (one per claim and test)")
     ax.legend(ncols=6, fontsize="small", loc="lower left", bbox_to_anchor=(0, 1.02))
     file = "verdicts.png"
     fig.savefig(work / file, dpi=100)
@@ -454,15 +579,19 @@ def _markdown(context: dict) -> str:
         f"# {context['title']}",
         "",
         f"Built {context['built']} from {context['source']} (experiment "
-        f"`{context['experiment']}`); the latest session of each environment.",
+        f"`{context['experiment']}`); the latest complete session of each environment, and "
+        "beside it a newer session that did not complete, marked incomplete. Evidence longer "
+        f"than {context['evidence_chars']} characters is cut: each entry's MLflow run holds "
+        "it whole (record.json).",
         "",
     ]
     lines += [
-        f"- **{_md(env.label)}**: {_md(env.session_name)} ({_when(env.started)})"
+        f"- **{_md(env.heading)}**: {_md(env.session_name)} ({_when(env.started)})"
+        + (f": incomplete: {_md(env.incomplete)}" if env.incomplete else "")
         for env in environments
     ] or ["No harness runs in this experiment yet."]
     lines += ["", "## Verdict ledger", ""]
-    lines.append("| claim | " + " | ".join(_md(env.label) for env in environments) + " |")
+    lines.append("| claim | " + " | ".join(_md(env.heading) for env in environments) + " |")
     lines.append("|---" * (len(environments) + 1) + "|")
     for claim, cells in context["ledger"]:
         row = [
@@ -474,12 +603,12 @@ def _markdown(context: dict) -> str:
                     for e in cell.entries
                 ]
             )
-            or "not run"
-            for cell in cells
+            or ("not recorded in this incomplete session" if env.incomplete else "not run")
+            for env, cell in zip(environments, cells, strict=True)
         ]
         lines.append(f"| {claim.id} | " + " | ".join(row) + " |")
     regressions = [
-        f"- {_md(env.label)}: {_md(what)} (tests {_md(tests)}; claims {_md(claims)})"
+        f"- {_md(env.heading)}: {_md(what)} (tests {_md(tests)}; claims {_md(claims)})"
         for env, found in zip(environments, context["regressions"], strict=True)
         for what, tests, claims in found
     ]

@@ -1,8 +1,15 @@
 """The verdict table printed at the end of a session: one row per claim, its verdict across the
-session's tests (harness.verdicts' rule), and each test's own status and evidence."""
+session's tests (harness.verdicts' rule), and each test's own status and evidence.
+
+Evidence is capped where it is shown (`cap`: EVIDENCE_CHARS characters and EVIDENCE_LINES lines
+per test, then how much more there is and where): a scenario that puts 1 MB into its evidence
+once printed 31,791 terminal lines. The full text stays in the journal and in record.json; the
+report (harness.report) caps its entries the same way.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 from rich.console import Console
@@ -21,17 +28,40 @@ VERDICT_STYLE = {
     "skipped": "dim",
 }
 KIND_STYLE = {verdicts.FAILED: "bold red", verdicts.REGRESSION: "bold red reverse"}
+# Above what any scenario writes (the longest, test_convergence's seeds and intervals, is about
+# 1,200 characters on one line), so real evidence is shown whole; past it, one row would bury
+# the other claims.
+EVIDENCE_CHARS = 1500
+EVIDENCE_LINES = 12
+IN_THE_JOURNAL = "in the journal and record.json"
+
+
+def cap(text: str, where: str, chars: int = EVIDENCE_CHARS, lines: int = EVIDENCE_LINES) -> str:
+    """`text` cut to `chars` characters and `lines` lines, followed by how many characters were
+    left out and `where` the full text is; unchanged when it fits."""
+    kept = "\n".join(text[:chars].split("\n")[:lines])
+    if len(kept) >= len(text.rstrip()):  # what is left out, if anything, is trailing space
+        return text
+    kept = kept.rstrip()
+    more = len(text) - len(kept)
+    return f"{kept}\u2026 ({more:,} more character{'s' if more != 1 else ''} {where})"
 
 
 def verdict_rows(records: list[Record]) -> list[tuple[str, str, str, str]]:
     """(claim, verdict, evidence, device) in catalogue order. With one test the evidence is its
-    own; with several, each test's line names it and its status."""
+    own; with several, each test's line names it and its status. Each test's evidence is capped
+    (`cap`)."""
     order = {claim_id: i for i, claim_id in enumerate(catalogue())}
     devices = {r.test: r.device for r in records}
     rows = []
     for claim, verdict in verdicts.by_claim(records).items():
         device = "; ".join(dict.fromkeys(devices[s.test] for s in verdict.statuses))
-        rows.append((claim, verdict.label, verdict.evidence, device))
+        capped = tuple(
+            dataclasses.replace(s, evidence=cap(s.evidence, IN_THE_JOURNAL))
+            for s in verdict.statuses
+        )
+        evidence = dataclasses.replace(verdict, statuses=capped).evidence
+        rows.append((claim, verdict.label, evidence, device))
     return sorted(rows, key=lambda row: order.get(row[0], len(order)))
 
 
@@ -42,7 +72,7 @@ def regressions(records: list[Record]) -> list[str]:
         if record.outcome == verdicts.CAPABILITY_REGRESSION:
             found.setdefault(record.message, []).append(record)
     return [
-        f"{message} ({len(group)} test{'s' if len(group) > 1 else ''}; claims "
+        f"{cap(message, IN_THE_JOURNAL)} ({len(group)} test{'s' if len(group) > 1 else ''}; claims "
         f"{', '.join(dict.fromkeys(c for r in group for c in r.claims))})"
         for message, group in found.items()
     ]

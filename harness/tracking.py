@@ -4,21 +4,36 @@ Every call is bounded (MLflow's defaults block for minutes on a dead server) and
 failure turns the sink off for the rest of the session: results keep going to the journal, and
 `amp-harness sync` replays what MLflow lacks. Live logging and sync share one code path, keyed by
 the `amp.session_id` and `amp.record_id` tags, so replaying twice never duplicates a run.
+
+A child run counts as logged only once it is complete: it is created with `amp.complete=false`
+(MLflow creates a run before its metrics and files can be sent) and the tag turns `true` as the
+last call, after its metrics, artifacts and end. A run left half-made (a process killed in the
+middle, a call MLflow refused) is deleted by `sync` and its record logged afresh; the parent run
+of a session that never ended (its process killed) is ended by `sync` as KILLED, saying why.
+`sync` holds a lock beside the journal, and leaves alone the sessions that still run (each holds
+a lock of its own while it runs), so neither another sync nor a live session logs a record twice.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import re
+import shlex
+import sqlite3
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from harness import verdicts
 from harness.errors import HarnessError
-from harness.journal import Journal
+from harness.journal import Journal, Session
 from harness.record import Record
 
 log = logging.getLogger(__name__)
@@ -27,6 +42,12 @@ DEFAULT_EXPERIMENT = "amp-harness"
 DB_NAME = "mlflow.db"
 ARTIFACTS_NAME = "mlartifacts"
 SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+COMPLETE = "amp.complete"  # "false" from the run's creation, "true" as its last call
+END_REASON = "amp.end_reason"  # on a session run ended by `sync`, not by its session
+LEFT_OUT = "amp.left_out"  # on a session run: what of the suite it did not run, if anything
+EXIT_STATUS = "amp.exitstatus"  # on a session run: pytest's exit status
+RUNNING_FOLDER = ".running"  # beside the journal: one lock file per session while it runs
+SYNC_LOCK = ".sync.lock"  # beside the journal: one `sync` at a time
 
 # Bounded calls: a 4 s timeout and one retry (under 10 s in all), instead of MLflow's 120 s and
 # 7 retries with backoff. Telemetry off. A user's own setting of any of these wins.
@@ -48,11 +69,72 @@ _STATUS = {
     verdicts.CAPABILITY_REGRESSION: "FAILED",
 }
 _TAG_LIMIT = 5000  # MLflow accepts 8000 characters; evidence longer than this is cut
-_PASSWORD = re.compile(r"(://[^:/@\s]+):[^@\s]*@")  # the ":pw" of scheme://user:pw@host
+_PAGE = 5000  # runs per search call
+# An id MLflow's filter language can hold between quotes: it has no escape for a quote inside a
+# string, so any other id (a journal written by hand or by another tool) is matched here instead.
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]+")
+
+# --- passwords -------------------------------------------------------------------------------
+# scheme://user:password@host, also with the URI percent-encoded inside another one
+# (http%3A%2F%2Fuser%3Apw%40host). The authority runs to the first / ? # or blank; its userinfo
+# to the last @ in it, so a raw @ inside a password is cut with the rest of it.
+_AUTHORITY = re.compile(
+    r"(?P<start>[A-Za-z][A-Za-z0-9+.-]*(?P<sep>://|%3A%2F%2F))"
+    r"(?P<authority>(?:(?!%2F|%3F|%23)[^/?#\s\"'<>])*)",
+    re.IGNORECASE,
+)
+# A query parameter that holds a secret: password=, token=, access_token=, api_key=, sig=, ...;
+# also percent-encoded (%3Ftoken%3D...).
+_SECRET_PARAMETER = re.compile(
+    r"(?P<name>(?:[?&;]|%3F|%26)[^=&#\s%]*?(?:pass|pwd|token|secret|key|auth|sig|credential)"
+    r"[^=&#\s%]*(?:=|%3D))(?P<value>(?:(?!%26)[^&#\s\"'<>])*)",
+    re.IGNORECASE,
+)
+
+
+def redact(text: str) -> str:
+    """`text` without the password of any URI in it: scheme://user:pw@host -> scheme://user@host
+    (scheme://:pw@host -> scheme://host), percent-encoded forms too, and the value of a query
+    parameter named like a secret (?password=, ?token=, ...) -> ***. Command lines, links and
+    MLflow's error messages are recorded, printed and shared."""
+
+    def authority(found: re.Match) -> str:
+        text, encoded = found["authority"], found["sep"] != "://"
+        at = max(text.rfind("@"), text.upper().rfind("%40") if encoded else -1)
+        if at < 0:
+            return found[0]
+        userinfo, host = text[:at], text[at:].removeprefix("@")
+        host = host[3:] if host.upper().startswith("%40") else host
+        user = re.split(r":|%3A", userinfo, maxsplit=1, flags=re.IGNORECASE)[0]
+        if not user:
+            return found["start"] + host
+        return found["start"] + user + ("%40" if encoded else "@") + host
+
+    return _SECRET_PARAMETER.sub(r"\g<name>***", _AUTHORITY.sub(authority, text))
+
+
+# --- where the store is --------------------------------------------------------------------
 
 
 def default_uri(reports: Path) -> str:
-    return f"sqlite:///{(Path(reports) / DB_NAME).resolve()}"
+    """The embedded store, reports/mlflow.db, as an SQLite URI.
+
+    SQLAlchemy reads what follows a '?' as connection options and decodes %XX escapes, so a '?'
+    or '%' in the path would name another file: those two are escaped. Only those: MLflow also
+    takes the URI's text as a path (to create its folder), where any other escape would name a
+    folder that does not exist (a '#' or a blank means nothing to SQLAlchemy)."""
+    path = str((Path(reports) / DB_NAME).resolve())
+    return "sqlite:///" + path.replace("%", "%25").replace("?", "%3F")
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of an SQLite tracking URI, read as SQLAlchemy reads it (the text before '?', its
+    %XX escapes decoded), or None for any other store. Readers of the URI use this, never
+    urlparse, which would also cut the path at a '#'."""
+    found = re.match(r"sqlite(?:\+\w+)?:///(?P<database>[^?]*)", uri)
+    if not found or found["database"] in ("", ":memory:"):
+        return None
+    return Path(unquote(found["database"]))
 
 
 def resolve_uri(option: str | None, reports: Path) -> str:
@@ -69,9 +151,9 @@ def resolve_uri(option: str | None, reports: Path) -> str:
     scheme = urlparse(uri).scheme.split("+")[0]  # postgresql+psycopg -> postgresql
     if scheme not in SCHEMES:
         raise HarnessError(
-            f"{origin}={uri!r}: unsupported tracking URI scheme {scheme or '(none)'!r}. Use one of "
-            f"{', '.join(s + '://' for s in SCHEMES)}, e.g. sqlite:///reports/mlflow.db or "
-            "http://127.0.0.1:5000 (the file store ./mlruns is refused by MLflow 3)."
+            f"{origin}={redact(uri)!r}: unsupported tracking URI scheme {scheme or '(none)'!r}. "
+            f"Use one of {', '.join(s + '://' for s in SCHEMES)}, e.g. sqlite:///reports/mlflow.db "
+            "or http://127.0.0.1:5000 (the file store ./mlruns is refused by MLflow 3)."
         )
     return uri
 
@@ -80,6 +162,10 @@ def client(uri: str):
     """An MlflowClient whose calls are bounded (MLFLOW_ENV), for every reader and writer."""
     for key, value in MLFLOW_ENV.items():
         os.environ.setdefault(key, value)
+    # MLflow prints "View run NAME at: URL" whenever it ends a run on an HTTP server, the URL
+    # with the URI's password in it. The harness prints its own line, without the password: this
+    # one is not left to the user's setting.
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     try:
         from mlflow import MlflowClient  # imported here: it takes seconds
     except ImportError as exc:  # e.g. an offline GPU runner's wheelhouse missing a requirement
@@ -87,71 +173,233 @@ def client(uri: str):
             f"MLflow cannot be imported ({exc}): install it with its requirements "
             "(`pip install -e .` does), or pass --no-mlflow to record to the journal only"
         ) from exc
-    return MlflowClient(tracking_uri=uri)
+    store = sqlite_path(uri)
+    if store is None:
+        return MlflowClient(tracking_uri=uri)
+    # MLflow creates the folder of the URI's text taken as a path, escapes and all: a folder
+    # that does not exist beside the real one (".../a%3Fb/reports" for ".../a?b/reports").
+    # Take away what it made that way.
+    literal = Path(uri.split(":///", 1)[1]).parent
+    stray = [p for p in (literal, *literal.parents) if not p.exists()] if (
+        store.parent != literal) else []  # fmt: skip
+    # An empty store gets its tables from the first client that opens it; two sessions opening
+    # a new store at once would both create them ("table ... already exists").
+    with _locked(store.with_name(f".{store.name}.lock")):
+        made = MlflowClient(tracking_uri=uri)
+    for folder in stray:  # the deepest first; a folder with anything in it stays
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+    return made
 
 
-def redact(text: str) -> str:
-    """`text` with the password of every URI in it removed (scheme://user:pw@host ->
-    scheme://user@host): command lines and links are recorded and shared."""
-    return _PASSWORD.sub(r"\1@", text)
+@contextlib.contextmanager
+def _locked(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """An exclusive flock on `path` for the block (created if need be). Where it cannot be
+    created (a read-only folder), the lock is one in the temporary folder named after it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+        fd = os.open(Path(tempfile.gettempdir()) / f"amp-harness-{digest}.lock",
+                     os.O_RDWR | os.O_CREAT, 0o666)  # fmt: skip
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# --- sessions that still run ---------------------------------------------------------------
+
+
+def _running_path(folder: Path, session_id: str) -> Path:
+    digest = hashlib.sha256(session_id.encode()).hexdigest()[:32]
+    return Path(folder) / RUNNING_FOLDER / f"{digest}.lock"
+
+
+class Running:
+    """Says "this session still runs" to `amp-harness sync` until closed: a lock file beside the
+    journal, held for the session's life. The kernel lets go of it when the process ends,
+    however it ends (kill -9 included), so a lock nobody holds is a session that is over."""
+
+    def __init__(self, folder: Path, session_id: str):
+        self.path = _running_path(folder, session_id)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(self._fd)
+            self._fd = None
+
+
+def is_running(folder: Path, session_id: str) -> bool:
+    """Whether the session of this journal folder still runs (its Running lock is held). A lock
+    file left by a session that died is taken away."""
+    path = _running_path(folder, session_id)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        path.unlink(missing_ok=True)
+        return False
+    finally:
+        os.close(fd)
+
+
+# --- the sink ------------------------------------------------------------------------------
 
 
 class MlflowSink:
-    """Writes journal entries to MLflow; after the first failure it stays off (`down` says why)."""
+    """Writes journal entries to MLflow; after the first failure it stays off (`down` says why,
+    `recovery()` what to run). A single result MLflow refuses is listed in `refused` instead."""
 
     def __init__(self, uri: str, experiment: str = DEFAULT_EXPERIMENT, reports: Path | None = None):
         self.uri = uri
+        self.label = redact(uri)  # what is printed: never the password
         self.experiment = experiment
+        self.reports = Path(reports).resolve() if reports else None
+        self.store = sqlite_path(uri)
         # Artifacts of the embedded store live beside it; a server decides its own.
         self._artifact_root = (
-            (Path(reports) / ARTIFACTS_NAME).resolve().as_uri()
-            if reports and uri.startswith("sqlite:")
-            else None
+            (self.reports / ARTIFACTS_NAME).as_uri() if self.reports and self.store else None
         )
         self.down: str | None = None
+        self.refused: list[str] = []  # "<test>: <why>" for each result MLflow refused
+        self.notes: list[str] = []  # what was done to the store on the way (a moved store)
         try:
             self.client = client(uri)
         except HarnessError as exc:  # the session goes on, on the journal alone
             self.client, self.down = None, str(exc)
-            log.warning("MLflow at %s: %s", uri, self.down)
+        except Exception as exc:  # noqa: BLE001 - a damaged, locked or full store, a bad server
+            # Opening the store is the first MLflow call of a session: it must not stop it.
+            where = f"the store {self.store}" if self.store else f"MLflow at {self.label}"
+            self.client, self.down = None, f"cannot open {where} ({_reason(exc)})"
+        if self.down:
+            log.info("MLflow at %s: %s", self.label, self.down)
         self._experiment_id: str | None = None
         self._parents: dict[str, str] = {}  # session id -> parent run id
 
-    def _guard(self, what: str, call, *args, **kwargs):
+    def recovery(self) -> str:
+        """What to do, for the reason in `down`, so that MLflow gets what the journal holds."""
+        command = ["amp-harness", "sync"]
+        if self.reports:
+            command += ["--reports", str(self.reports)]
+        command += ["--tracking-uri", self.label]
+        sync = f"`{shlex.join(command)}`"
+        why = (self.down or "").lower()
+        if self.store and any(s in why for s in ("not a database", "malformed", "encrypted")):
+            aside = shlex.join(["mv", str(self.store), f"{self.store}.broken"])
+            return (
+                f"move the damaged store aside (`{aside}`), then {sync} rebuilds it from the "
+                "journal"
+            )
+        if self.store and "locked" in why:
+            return f"another process holds the store locked: once it lets go, run {sync}"
+        if self.store and any(s in why for s in ("full", "no space")):
+            return f"free space on the disk of {self.store.parent}, then run {sync}"
+        text = f"once MLflow is reachable, run {sync}"
+        if self.label != self.uri:
+            text += (
+                " (with the password, left out here: put it back in the URI, or set "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)"
+            )
+        return text
+
+    def _guard(self, what: str, call, *args, refusable: bool = False, **kwargs):
         if self.down:
             return None
         started = time.monotonic()
         try:
             return call(*args, **kwargs)
         except Exception as exc:  # any failure: keep going on the journal alone
-            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            self.down = (
-                f"{what} failed after {time.monotonic() - started:.1f} s ({first_line[:200]})"
-            )
-            log.warning("MLflow at %s: %s", self.uri, self.down)
+            if refusable and _refused(exc):  # MLflow answered: the next result may be fine
+                self.refused.append(f"{what}: {_reason(exc)}")
+                return None
+            self.down = f"{what} failed after {time.monotonic() - started:.1f} s ({_reason(exc)})"
+            log.info("MLflow at %s: %s", self.label, self.down)
             return None
 
     def _experiment(self) -> str:
         if self._experiment_id is None:
             found = self.client.get_experiment_by_name(self.experiment)
-            self._experiment_id = (
-                found.experiment_id
-                if found
-                else self.client.create_experiment(self.experiment, self._artifact_root)
-            )
+            if found is None:
+                try:
+                    self._experiment_id = self.client.create_experiment(
+                        self.experiment, self._artifact_root
+                    )
+                    return self._experiment_id
+                except Exception:
+                    # Another session created it meanwhile (two first sessions on one store).
+                    found = self.client.get_experiment_by_name(self.experiment)
+                    if found is None:
+                        raise
+            self._experiment_id = self._follow_moved_store(found).experiment_id
         return self._experiment_id
 
-    def _runs(self, session_id: str, kind: str):
-        return self.client.search_runs(
-            [self._experiment()],
-            f"tags.`amp.session_id` = '{session_id}' and tags.`amp.kind` = '{kind}'",
-            max_results=50000,
+    def _follow_moved_store(self, experiment):
+        """The embedded store moved (or was copied) with its reports folder: its experiments
+        still name the old folder's mlartifacts/, fixed by MLflow when each was created, and
+        every new run would write its artifacts there. MLflow has no call to change an
+        experiment's artifact location, so the store's paths are rewritten, old runs' included,
+        to the mlartifacts/ beside the store, where their files moved with it."""
+        if not self._artifact_root or self.store != self.reports / DB_NAME:
+            return experiment  # a server, or a store of its own named with --tracking-uri
+        old = experiment.artifact_location
+        old_path = Path(unquote(urlparse(old).path)) if old.startswith("file:") else None
+        new_path = self.reports / ARTIFACTS_NAME
+        if old_path is None or old_path.name != ARTIFACTS_NAME:
+            return experiment  # made by hand, elsewhere: not the harness's layout
+        if old_path.resolve() == new_path.resolve():
+            return experiment
+        if old_path.exists() and not new_path.exists():
+            # The store was copied without its artifacts: they are still only at the old path.
+            self.notes.append(
+                f"the experiment {self.experiment!r} keeps its artifacts in {old_path}, outside "
+                f"{self.reports}: copy that folder to {new_path} for them to move here"
+            )
+            return experiment
+        runs = _rebase(self.store, old, self._artifact_root)
+        self.notes.append(
+            f"the store moved from {old_path.parent} to {self.reports}: the artifact paths of "
+            f"its experiments and {runs} runs now point into {new_path}"
         )
+        return self.client.get_experiment(experiment.experiment_id)
+
+    def _search(self, query: str) -> list:
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs(
+                [self._experiment()], query, max_results=_PAGE, page_token=token
+            )
+            runs.extend(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def _session_runs(self, session_id: str) -> list:
+        """Every active run of the session, parent and children."""
+        query = f"tags.`amp.session_id` = '{session_id}'" if _PLAIN_ID.fullmatch(session_id) else ""
+        return [r for r in self._search(query) if r.data.tags.get("amp.session_id") == session_id]
 
     def _parent(self, session: dict) -> str:
         sid = session["session_id"]
         if sid not in self._parents:
-            found = self._runs(sid, "session")
+            found = [r for r in self._session_runs(sid) if r.data.tags.get("amp.kind") == "session"]
             self._parents[sid] = found[0].info.run_id if found else self._create_parent(session)
         return self._parents[sid]
 
@@ -160,10 +408,13 @@ class MlflowSink:
             "mlflow.runName": session["name"],
             "amp.kind": "session",
             "amp.session_id": session["session_id"],
-            "amp.args": " ".join(session["args"])[:_TAG_LIMIT],
+            "amp.args": " ".join(session["args"]),
             **_env_tags(session),
         }
-        run = self.client.create_run(self._experiment(), int(session["started"] * 1000), tags)
+        # _clean redacts again: a journal written before a form of password was known keeps it.
+        run = self.client.create_run(
+            self._experiment(), int(session["started"] * 1000), _clean(tags)
+        )
         return run.info.run_id
 
     def parent_run_id(self, session: dict) -> str | None:
@@ -177,7 +428,7 @@ class MlflowSink:
         self._guard("creating the session run", self._parent, session)
 
     def log_record(self, session: dict, record: Record) -> None:
-        self._guard(f"logging {record.test}", self._log_record, session, record)
+        self._guard(f"logging {record.test}", self._log_record, session, record, refusable=True)
 
     def end_session(self, session: dict, end: dict) -> None:
         self._guard("ending the session run", self._end_session, session, end)
@@ -193,71 +444,188 @@ class MlflowSink:
             "amp.session_id": session["session_id"],
             "amp.record_id": record.record_id,
             "amp.test": record.test,
+            COMPLETE: "false",
             "claims": ",".join(record.claims),
             "outcome": record.outcome,
-            "outcome.message": record.message[:_TAG_LIMIT],
+            "outcome.message": record.message,
             **_env_tags(session),
         }
         for v in record.verdicts.values():
             tags[f"verdict.{v.claim}"] = v.verdict  # as recorded, before the outcome was known
-            tags[f"evidence.{v.claim}"] = v.evidence[:_TAG_LIMIT]
+            tags[f"evidence.{v.claim}"] = v.evidence
         for claim, found in verdicts.of_record(record).items():
             tags[f"status.{claim}"] = found.label  # what counts: "failed (was: partly)", ...
         run_id = self.client.create_run(
-            self._experiment(), int(record.started * 1000), tags
+            self._experiment(), int(record.started * 1000), _clean(tags)
         ).info.run_id
-        stamp = int(record.ended * 1000)
-        metrics = [Metric(k, v, stamp, 0) for k, v in record.metrics.items()]
-        metrics += [
-            Metric(k, v, stamp, step)
-            for k, values in record.histories.items()
-            for step, v in enumerate(values)
-        ]
-        params = [Param(k, v) for k, v in {**record.params, "device": record.device}.items()]
-        # One call for every metric and history of the test: per-step calls cost ~40x more.
-        self.client.log_batch(run_id, metrics=metrics, params=params)
-        self.client.log_text(run_id, json.dumps(record.to_dict(), indent=1), "record.json")
-        for name in record.figures:
-            path = record.artifact_dir / name
-            if path.exists():
-                self.client.log_artifact(run_id, str(path), "figures")
-            else:
-                log.warning("%s: figure %s is gone; not logged", record.test, path)
-        self.client.set_terminated(run_id, _STATUS[record.outcome], stamp)
+        try:
+            stamp = int(record.ended * 1000)
+            metrics = [Metric(k, v, stamp, 0) for k, v in record.metrics.items()]
+            metrics += [
+                Metric(k, v, stamp, step)
+                for k, values in record.histories.items()
+                for step, v in enumerate(values)
+            ]
+            params = [Param(k, v) for k, v in {**record.params, "device": record.device}.items()]
+            # One call for every metric and history of the test: per-step calls cost ~40x more.
+            self.client.log_batch(run_id, metrics=metrics, params=params)
+            self.client.log_text(
+                run_id, redact(json.dumps(record.to_dict(), indent=1)), "record.json"
+            )
+            for name in record.figures:
+                path = record.artifact_dir / name
+                if path.exists():
+                    self.client.log_artifact(run_id, str(path), "figures")
+                else:
+                    log.warning("%s: figure %s is gone; not logged", record.test, path)
+            self.client.set_terminated(run_id, _STATUS[record.outcome], stamp)
+            self.client.set_tag(run_id, COMPLETE, "true")  # the last call: the run counts now
+        except Exception as exc:
+            if _refused(exc):  # MLflow answered and said no: no half run left to look complete
+                with contextlib.suppress(Exception):
+                    self.client.delete_run(run_id)
+            raise
 
     def _end_session(self, session: dict, end: dict) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric, RunTag
 
         parent = self._parent(session)
-        if self.client.get_run(parent).info.status != "RUNNING":
+        run = self.client.get_run(parent)
+        ended_by_sync = END_REASON in run.data.tags  # a copy of the journal lacked this end
+        if run.info.status != "RUNNING" and not ended_by_sync:
             return  # already ended, by the live session or an earlier sync
         stamp = int(end["ended"] * 1000)
         counts = [Metric(f"tests.{k}", v, stamp, 0) for k, v in end["counts"].items()]
-        self.client.log_batch(parent, metrics=counts)
+        # What the session did not run (-k, modules left out): the report's "incomplete".
+        tags = [RunTag(EXIT_STATUS, str(end["exitstatus"]))]
+        if end.get("left_out"):
+            tags.append(RunTag(LEFT_OUT, redact("; ".join(end["left_out"]))[:_TAG_LIMIT]))
+        self.client.log_batch(parent, metrics=counts, tags=tags)
         self.client.set_terminated(parent, _session_status(end["exitstatus"]), stamp)
+        if ended_by_sync:
+            self.client.delete_tag(parent, END_REASON)
 
-    def sync(self, journal: Journal) -> dict[str, int]:
-        """Send MLflow what the journal has and MLflow lacks; idempotent."""
-        counts = {"sessions": 0, "records_sent": 0, "records_present": 0}
-        for sid, session in journal.sessions().items():
-            present = self._guard("reading the runs already logged", self._runs, sid, "test")
-            if present is None:
-                break
-            counts["sessions"] += 1
-            logged = {run.data.tags.get("amp.record_id") for run in present}
-            for record in session.records:
-                if record.record_id in logged:
-                    counts["records_present"] += 1
+    def _end_unfinished(self, session: Session) -> bool:
+        """A session whose journal has no end, and which no longer runs: its process was killed
+        or crashed. Its parent run is ended as KILLED, with the reason as a tag."""
+        parent = self._parent(session.entry)
+        if self.client.get_run(parent).info.status != "RUNNING":
+            return False
+        last = max([r.ended for r in session.records] + [session.entry["started"]])
+        reason = (
+            "ended by `amp-harness sync`: the journal has no end for this session (its process "
+            f"was killed or crashed) after {len(session.records)} results"
+        )
+        self.client.set_tag(parent, END_REASON, reason)
+        self.client.set_terminated(parent, "KILLED", int(last * 1000))
+        return True
+
+    def sync(self, journal: Journal, on_wait: Callable[[], None] | None = None) -> dict[str, int]:
+        """Send MLflow what the journal has and MLflow lacks; idempotent. One sync at a time
+        per journal (`on_wait` is called when it has to wait for another one)."""
+        counts = dict.fromkeys(
+            ("sessions", "records_sent", "records_present", "records_replaced",
+             "records_refused", "sessions_killed", "sessions_running"), 0,
+        )  # fmt: skip
+        folder = journal.path.parent
+        with _locked(folder / SYNC_LOCK, on_wait):
+            for sid, session in journal.sessions().items():
+                if is_running(folder, sid):  # its own process logs it; its end is to come
+                    counts["sessions_running"] += 1
                     continue
-                self.log_record(session.entry, record)
+                present = self._guard("reading the runs already logged", self._session_runs, sid)
+                if present is None:
+                    break
+                counts["sessions"] += 1
+                self._sync_session(session, present, counts)
                 if self.down:
                     break
-                counts["records_sent"] += 1
-            if session.end and not self.down:
-                self.end_session(session.entry, session.end)
         if self.down:
-            raise HarnessError(f"sync stopped: MLflow at {self.uri}: {self.down}")
+            raise HarnessError(
+                f"sync stopped: MLflow at {self.label}: {self.down}. Fix: {self.recovery()}"
+            )
         return counts
+
+    def _sync_session(self, session: Session, present: list, counts: dict[str, int]) -> None:
+        parents = [r for r in present if r.data.tags.get("amp.kind") == "session"]
+        if parents:
+            self._parents[session.entry["session_id"]] = parents[0].info.run_id
+        journalled = {r.record_id for r in session.records}
+        complete: set[str] = set()
+        half: list = []
+        for run in present:
+            if run.data.tags.get("amp.kind") != "test":
+                continue
+            record_id = run.data.tags.get("amp.record_id")
+            if _complete(run):
+                complete.add(record_id)
+            elif record_id in journalled:  # the journal holds all of it: log it afresh
+                half.append(run)
+        for run in half:
+            self._guard("deleting a half-logged run", self.client.delete_run, run.info.run_id)
+            if self.down:
+                return
+        counts["records_replaced"] += len({r.data.tags["amp.record_id"] for r in half} - complete)
+        for record in session.records:
+            if record.record_id in complete:
+                counts["records_present"] += 1
+                continue
+            refused = len(self.refused)
+            self.log_record(session.entry, record)
+            if self.down:
+                return
+            counts["records_refused" if len(self.refused) > refused else "records_sent"] += 1
+        if session.end:
+            self.end_session(session.entry, session.end)
+        elif self._guard("ending an unfinished session run", self._end_unfinished, session):
+            counts["sessions_killed"] += 1
+
+
+def _complete(run) -> bool:
+    """Whether a child run holds its whole record. Runs logged before the completion tag
+    existed count when they ended: their end was their last call."""
+    tag = run.data.tags.get(COMPLETE)
+    return tag == "true" if tag is not None else run.info.status != "RUNNING"
+
+
+def _refused(exc: Exception) -> bool:
+    """MLflow answered and refused this call (a value too long, a key it does not take), as
+    opposed to a server or store that is not there."""
+    return getattr(exc, "error_code", None) == "INVALID_PARAMETER_VALUE"
+
+
+def _reason(exc: Exception) -> str:
+    """An MLflow error as a short phrase: its first line, without passwords, and for a failed
+    HTTP request the endpoint and the cause ("Connection refused", "Read timed out")."""
+    text = redact((str(exc).strip().splitlines() or [type(exc).__name__])[0])
+    request = re.match(r"API request to (\S+) failed with exception (.*)", text)
+    if request:
+        cause = re.search(r"\(Caused by \w+\((.*)\)\)\s*$", request[2])
+        detail = cause[1].strip("'\"").rsplit("): ", 1)[-1] if cause else request[2]
+        text = f"{urlparse(request[1]).path}: {detail}"
+    return text if len(text) <= 300 else f"{text[:140]} ... {text[-140:]}"
+
+
+def _rebase(store: Path, old: str, new: str) -> int:
+    """Rewrite the artifact locations under `old` to `new` in the SQLite store; the number of
+    runs moved. MLflow's schema: experiments.artifact_location, runs.artifact_uri."""
+    cut = len(old) + 1
+    with contextlib.closing(sqlite3.connect(store, timeout=20)) as db, db:
+        db.execute(
+            "UPDATE experiments SET artifact_location = ? || substr(artifact_location, ?) "
+            "WHERE artifact_location = ? OR substr(artifact_location, 1, ?) = ?",
+            (new, cut, old, cut, old + "/"),
+        )
+        return db.execute(
+            "UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) "
+            "WHERE substr(artifact_uri, 1, ?) = ?",
+            (new, cut, cut, old + "/"),
+        ).rowcount
+
+
+def _clean(tags: dict[str, str]) -> dict[str, str]:
+    """Tags as MLflow gets them: without passwords, and cut to a length it takes."""
+    return {k: redact(v)[:_TAG_LIMIT] for k, v in tags.items()}
 
 
 def _session_status(exitstatus: int) -> str:

@@ -4,11 +4,13 @@ test that tries it): each gets an error naming the input and the fix, and loses 
 from __future__ import annotations
 
 import fnmatch
+import json
 import time
+from pathlib import Path
 
 import pytest
 
-from harness import cli
+from harness import baseline, cli
 from harness.errors import HarnessError
 from harness.journal import Journal
 from harness.record import Record, Verdict
@@ -97,3 +99,105 @@ def test_a_metric_name_mlflow_refuses_is_an_error_before_anything_is_logged(tmp_
     with pytest.raises(HarnessError, match=r"metric name 'bytes:fp16': use letters, digits"):
         record.metric(**{"bytes:fp16": 2})
     assert record.metrics == {}
+
+
+# --- the journal: a cut line, an unusable entry, a name MLflow refuses (tests/test_journal.py
+# tries each in detail) ---
+
+
+def test_a_session_after_a_cut_journal_line_is_synced_and_compared(pytester, capsys):
+    """A full disk or a crash cut the journal's last line; the next session is read whole:
+    `sync` sends it, `compare last` and `baseline save` act on it."""
+    reports = pytester.path / "reports"
+    assert run(pytester, "--amp-device=cpu").ret == 0
+    journal = Journal(reports / "journal.jsonl")
+    with journal.path.open("a") as f:
+        f.write('{"type": "record", "session_id": "abc", "rec')  # cut: no newline
+    assert run(pytester, "--amp-device=cpu").ret == 0
+    corrupt = r"journal.jsonl:4: skipped a corrupt journal line"
+
+    with pytest.warns(UserWarning, match=corrupt):
+        first, second = journal.sessions()
+    with pytest.warns(UserWarning, match=corrupt):
+        assert cli.main(["sync", "--reports", str(reports)]) == 0
+    assert "2 results sent, 0 already there" in capsys.readouterr().out
+    with pytest.warns(UserWarning, match=corrupt):
+        assert cli.main(["compare", "last", first, "--reports", str(reports), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["a"].startswith(f"session {second[:8]} ")
+    with pytest.warns(UserWarning, match=corrupt):
+        code = cli.main(["baseline", "save", "--reports", str(reports), "--out", str(reports)])
+    assert code == 0
+    (saved,) = reports.glob("cpu-*.json")
+    assert json.loads(saved.read_text())["session_id"] == second
+
+
+@pytest.fixture
+def broken_record(pytester: pytest.Pytester) -> Path:
+    """A session and its baseline; then a record of that session loses its "verdicts" (well-formed
+    JSON, a field missing). Returns the baseline."""
+    reports = pytester.path / "reports"
+    assert run(pytester, "--amp-device=cpu").ret == 0
+    journal = Journal(reports / "journal.jsonl")
+    saved = baseline.save(baseline.summarize(journal), reports / "baselines")
+    lines = journal.path.read_text().splitlines()
+    broken = json.loads(lines[1])
+    del broken["record"]["verdicts"]
+    journal.path.write_text("\n".join([lines[0], json.dumps(broken), *lines[1:]]) + "\n")
+    return saved
+
+
+def test_a_record_no_reader_can_use_does_not_stop_a_session_compared_with_its_baseline(
+    pytester, broken_record
+):
+    """The reader's warning is shown under the verdict table; the comparison is made."""
+    result = run(pytester, "--amp-device=cpu", f"--amp-baseline={broken_record}",
+                 "-W", "default::UserWarning")  # fmt: skip
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "journal: *journal.jsonl:2: skipped a journal entry it cannot use: record: field "
+            '"verdicts" is missing*',
+            f"baseline {broken_record}: no verdict changed*",
+        ]
+    )
+
+
+def test_a_record_no_reader_can_use_does_not_stop_a_session_where_warnings_are_errors(
+    pytester, broken_record
+):
+    result = run(pytester, "--amp-device=cpu", f"--amp-baseline={broken_record}",
+                 "-W", "error::UserWarning")  # fmt: skip
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*journal.jsonl:2: skipped a journal entry it cannot use*"])
+
+
+def test_a_full_disk_mid_session_stops_it_with_one_line_and_keeps_what_was_recorded(
+    pytester, monkeypatch
+):
+    """The journal cannot take the second test's record: the session stops there, saying why
+    and what to do, instead of an INTERNALERROR; the first record and the session entry stay."""
+    import errno
+    import os
+
+    real_write, calls = os.write, []
+
+    def full_after_two(fd, data):
+        calls.append(1)
+        if len(calls) > 2:  # the session entry and the first record went in
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    two = SCENARIO + SCENARIO.replace("import pytest", "").replace("test_bytes", "test_more")
+    pytester.makepyfile(**{"scenarios/test_two": two})
+    monkeypatch.setattr("harness.journal.os.write", full_after_two)
+    result = pytester.runpytest_inprocess(
+        "scenarios", "--no-mlflow", "--amp-device=cpu", "-p", "no:cacheprovider",
+        f"--amp-reports={pytester.path / 'reports'}",
+    )  # fmt: skip
+    monkeypatch.setattr("harness.journal.os.write", real_write)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    text = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in text
+    assert "No space left on device" in text and "free space on the disk of" in text
+    lines = (pytester.path / "reports" / "journal.jsonl").read_text().splitlines()
+    assert [json.loads(line)["type"] for line in lines] == ["session", "record"]

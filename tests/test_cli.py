@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -116,3 +117,76 @@ def test_ui_serves_the_embedded_store_on_loopback(tmp_path, monkeypatch):
     (command,) = started
     assert command[command.index("--host") + 1] == "127.0.0.1"
     assert command[command.index("--backend-store-uri") + 1] == f"sqlite:///{tmp_path}/mlflow.db"
+
+
+# --- `amp-harness ui` and `sync`: what they say when something is wrong (issue 12) -----------
+
+
+def fake_ui(monkeypatch) -> list[tuple[list[str], dict]]:
+    """`amp-harness ui` without the server: the commands it would start, with their options."""
+    started = []
+    monkeypatch.setattr(
+        cli.subprocess, "call", lambda command, **kwargs: started.append((command, kwargs)) or 0
+    )
+    return started
+
+
+def test_ui_on_a_taken_port_says_so_and_exits_2(tmp_path, monkeypatch, capsys):
+    started = fake_ui(monkeypatch)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert cli.main(["ui", "--reports", str(tmp_path), "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert f"--port {port}: port {port} on 127.0.0.1 is taken" in err
+    assert "pass another port, e.g. --port" in err
+    assert "MLflow UI on" not in out and started == []
+
+
+def test_ui_beyond_loopback_warns_that_it_answers_the_network(tmp_path, monkeypatch, capsys):
+    started = fake_ui(monkeypatch)
+    with socket.socket() as probe:  # a port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert (
+        cli.main(["ui", "--reports", str(tmp_path), "--host", "0.0.0.0", "--port", str(port)]) == 0
+    )
+    err = capsys.readouterr().err
+    assert "warning: --host 0.0.0.0: the MLflow UI answers the network" in err
+    assert "no authentication" in err and len(started) == 1
+    assert cli.main(["ui", "--reports", str(tmp_path), "--port", str(port)]) == 0
+    assert capsys.readouterr().err == ""  # loopback: nothing to warn about
+
+
+def test_ui_serves_a_store_whose_path_has_a_question_mark(tmp_path, monkeypatch):
+    """The escaped URI (`%3F`) would make MLflow create a folder of that name beside the real
+    one: the UI runs inside the reports folder, on the store's plain file name."""
+    started = fake_ui(monkeypatch)
+    reports = tmp_path / "we?ird" / "reports"
+    reports.mkdir(parents=True)
+    assert cli.main(["ui", "--reports", str(reports)]) == 0
+    ((command, options),) = started
+    assert command[command.index("--backend-store-uri") + 1] == "sqlite:///mlflow.db"
+    assert options["cwd"] == reports
+
+
+def test_sync_to_a_dead_or_hanging_server_is_one_line_without_the_password(tmp_path, capsys):
+    session = {"type": "session", "session_id": "s1", "name": "n", "started": 0.0, "args": [],
+               "fingerprint": {}}  # fmt: skip
+    (tmp_path / "journal.jsonl").write_text(json.dumps(session) + "\n")
+    with socket.socket() as hanging:
+        hanging.bind(("127.0.0.1", 0))
+        hanging.listen(16)  # the kernel completes the handshakes; nobody ever reads
+        port = hanging.getsockname()[1]
+        for uri, cause in (
+            ("http://amp:amp-secret-9@127.0.0.1:9", "Connection refused"),
+            (f"http://:amp-secret-9@127.0.0.1:{port}", "Read timed out"),
+        ):
+            code = cli.main(["sync", "--reports", str(tmp_path), "--tracking-uri", uri])
+            out, err = capsys.readouterr()
+            assert code == 2 and out == ""
+            (line,) = err.strip().splitlines()
+            assert line.startswith("amp-harness: error: sync stopped: MLflow at http://")
+            assert cause in line and "amp-harness sync --reports" in line
+            assert "amp-secret-9" not in line  # fmt: skip

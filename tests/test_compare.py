@@ -158,6 +158,20 @@ def test_a_malformed_baseline_names_the_file_the_field_and_the_fix(tmp_path, con
     assert "amp-harness baseline save" in text
 
 
+@pytest.mark.parametrize("opening", ["[", '{"a": '])
+def test_a_baseline_nested_too_deeply_is_one_line_naming_the_file(tmp_path, opening):
+    """json.loads recurses once per level: 100,000 of them raised RecursionError."""
+    path = tmp_path / "deep.json"
+    path.write_text(opening * 100_000)
+    with pytest.raises(HarnessError) as error:
+        compare.read_baseline(path)
+    text = str(error.value)
+    assert text == (
+        f"{path}: nested too deeply to be a baseline (a baseline is 4 levels deep); "
+        "`amp-harness baseline save` writes a valid one"
+    )
+
+
 # --- through pytest and the command line: real sessions, real journal, real baseline files ---
 
 SCENARIO = """

@@ -115,6 +115,19 @@ def test_new_refuses_a_name_that_is_no_module_name_and_suggests_one(
     assert list(folder.iterdir()) == []
 
 
+def test_new_refuses_a_name_too_long_for_a_file_name_before_writing(tmp_path, capsys):
+    """301 characters raised OSError "File name too long" with a traceback."""
+    folder = scenarios(tmp_path)
+    assert cli.main(["new", "a" * 301, "--scenarios", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("amp-harness: error: scenario name of 301 characters is too long: ")
+    assert "NAME takes at most 247" in err and f"e.g. `amp-harness new {'a' * 40}`" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert list(folder.iterdir()) == []
+    assert cli.main(["new", "a" * 247, "--scenarios", str(folder)]) == 0  # the longest that fits
+    assert [len(p.name) for p in folder.iterdir()] == [255]
+
+
 def test_new_without_a_scenario_folder_says_where_to_run(tmp_path, capsys):
     assert cli.main(["new", "demo", "--scenarios", str(tmp_path / "nowhere")]) == 2
     assert "no scenario folder" in capsys.readouterr().err

@@ -7,11 +7,13 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from harness import cli, report
 from harness.claims import VERDICTS, catalogue
 from harness.errors import HarnessError
 from harness.record import Record
-from harness.tracking import MlflowSink, default_uri, resolve_uri
+from harness.tracking import MLFLOW_ENV, MlflowSink, default_uri, resolve_uri
 
 SCRIPT = "<script>alert(1)</script>"
 CPU = {
@@ -62,14 +64,18 @@ def make_record(test, claims, outcome="passed", message="", verdicts=(), figure_
     return record
 
 
-def log_session(sink: MlflowSink, facts: dict, started: float, records: list[Record]) -> None:
+def log_session(
+    sink: MlflowSink, facts: dict, started: float, records: list[Record], exitstatus: int | None = 0
+) -> None:
+    """A session as the plugin logs it; `exitstatus` None: killed before its end was logged."""
     session = {"session_id": f"s{started:.0f}-{facts['device']}", "name": f"session {started:.0f}",
                "started": started, "args": [], "fingerprint": facts}  # fmt: skip
     sink.start_session(session)
     for record in records:
         sink.log_record(session, record)
-    end = {"ended": started + 60, "exitstatus": 0, "counts": {"passed": len(records)}}
-    sink.end_session(session, end)
+    if exitstatus is not None:
+        end = {"ended": started + 60, "exitstatus": exitstatus, "counts": {"passed": len(records)}}
+        sink.end_session(session, end)
     assert sink.down is None, sink.down
 
 
@@ -303,6 +309,145 @@ def test_cli_report_and_the_report_at_the_end_of_run(store, capsys, monkeypatch)
     cli._report_after_run(str(store), ["--amp-experiment=nope"])
     assert "report: not written (no experiment 'nope'" in capsys.readouterr().out
     assert cli.main(["report", "--reports", str(store), "--name", "a/b"]) == 2
+
+
+# --- sessions that did not complete --------------------------------------------------------------
+
+MEGABYTE = "ratio 0.5; " * 100_000  # 1.1 MB of evidence that carries numbers
+
+
+@pytest.fixture(scope="module")
+def unfinished(tmp_path_factory) -> Path:
+    """CPU: a complete session, then a later one killed after 1 of its tests (its parent run
+    never ended). GPU: only a session interrupted by Ctrl-C (ended, status KILLED)."""
+    reports = tmp_path_factory.mktemp("unfinished") / "reports"
+    sink = MlflowSink(default_uri(reports), reports=reports)
+    now = time.time()
+    log_session(sink, CPU, now - 3600, [
+        make_record("test_f.py::test_bits", ["FMT-BITS"],
+                    verdicts=[("FMT-BITS", "confirmed", "complete session: 5/10 bits")]),
+        make_record("test_f.py::test_bytes", ["FMT-BYTES"],
+                    verdicts=[("FMT-BYTES", "confirmed", "complete session: 2 vs 4 bytes")]),
+        make_record("test_f.py::test_range", ["FMT-RANGE"],
+                    verdicts=[("FMT-RANGE", "partly", MEGABYTE)]),
+    ])  # fmt: skip
+    log_session(sink, CPU, now - 600, [
+        make_record("test_f.py::test_bits", ["FMT-BITS"],
+                    verdicts=[("FMT-BITS", "refuted", "killed session: 6/9 bits")]),
+    ], exitstatus=None)  # fmt: skip
+    log_session(sink, GPU, now - 1200, [
+        make_record("test_f.py::test_bytes", ["FMT-BYTES"],
+                    verdicts=[("FMT-BYTES", "confirmed", "interrupted session: 2 bytes")]),
+    ], exitstatus=2)  # fmt: skip
+    return report.build(default_uri(reports), report.report_dir(reports)).parent
+
+
+def columns(row: str) -> list[str]:
+    return re.findall(r"<td(?: class=\"incomplete\")?>(.*?)</td>", row, re.S)
+
+
+def test_a_killed_session_is_marked_and_never_hides_the_last_complete_verdicts(unfinished):
+    page = (unfinished / "index.html").read_text()
+    header = page.split('<table class="ledger">')[1].split("</thead>")[0]
+    headings = [" ".join(h.split()) for h in re.findall(r"<th[^>]*>(.*?)</th>", header, re.S)]
+    assert headings[1:] == [
+        f'{GPU_LABEL} (incomplete)<div class="marker">incomplete: killed or interrupted '
+        "(MLflow status KILLED); 1 test recorded</div>",
+        CPU_LABEL,
+        f'{CPU_LABEL} (incomplete)<div class="marker">incomplete: did not end (MLflow status '
+        "RUNNING): killed, crashed or still running; 1 test recorded</div>",
+    ]
+    gpu, cpu, killed = columns(ledger_row(page, "FMT-BYTES"))
+    assert "complete session: 2 vs 4 bytes" in cpu  # not "not run": the killed one never ran it
+    assert "not recorded in this incomplete session" in killed
+    assert "interrupted session: 2 bytes" in gpu  # no complete session: shown, marked
+    gpu, cpu, killed = columns(ledger_row(page, "FMT-BITS"))
+    assert "complete session: 5/10 bits" in cpu and "killed session: 6/9 bits" in killed
+    lines = (unfinished / "summary.md").read_text().splitlines()
+    assert f"| claim | {GPU_LABEL} (incomplete) | {CPU_LABEL} | {CPU_LABEL} (incomplete) |" in lines
+    (row,) = [line for line in lines if line.startswith("| FMT-BYTES |")]
+    assert "complete session: 2 vs 4 bytes" in row
+    assert row.endswith("| not recorded in this incomplete session |")
+
+
+def parent_run(status: str, end_time: int | None, tags=None, **metrics: float) -> SimpleNamespace:
+    return SimpleNamespace(
+        info=SimpleNamespace(status=status, end_time=end_time),
+        data=SimpleNamespace(metrics=metrics, tags=tags or {}),
+    )
+
+
+@pytest.mark.parametrize(
+    ("parent", "tests", "why"),
+    [
+        (parent_run("FINISHED", 1, **{"tests.passed": 2}), 2, ""),
+        (parent_run("FAILED", 1, **{"tests.passed": 1, "tests.failed": 1}), 2, ""),
+        (parent_run("FINISHED", 1), 0, ""),  # ran no test: nothing to count
+        (parent_run("RUNNING", None), 1, "did not end (MLflow status RUNNING): killed, crashed"),
+        (parent_run("KILLED", 1, **{"tests.interrupted": 1}), 1, "killed or interrupted"),
+        (parent_run("KILLED", 1, {"amp.end_reason": "ended by sync"}), 1, "ended by sync; 1 test"),
+        (parent_run("FINISHED", None, **{"tests.passed": 1}), 1, "did not end"),
+        (parent_run("FINISHED", 1), 2, "ended without its tests.* counts; 2 tests recorded"),
+        (parent_run("FINISHED", 1, **{"tests.passed": 12}), 3, "MLflow has 3 of the 12 tests"),
+        (
+            parent_run(
+                "FINISHED", 1, {"amp.left_out": "tests selected with -k 'x'"}, **{"tests.passed": 1}
+            ),
+            1,
+            "ran part of the suite (tests selected with -k 'x'); 1 test recorded",
+        ),
+        (parent_run("FAILED", 1, {"amp.exitstatus": "3"}), 0, "ended on pytest exit status 3"),
+        (None, 1, "no session run in MLflow; 1 test recorded"),
+    ],
+)
+def test_which_sessions_are_incomplete(parent, tests, why):
+    runs = [parent_run("FINISHED", 1, {"amp.complete": "true"})] * tests
+    found = report._incomplete(parent, runs)
+    assert found.startswith(why) and bool(found) == bool(why)
+    if tests and not why:  # a test run created and never finished logging
+        half = [parent_run("FINISHED", 1, {"amp.complete": "false"}), *runs[1:]]
+        assert report._incomplete(parent, half).startswith(f"1 of its {tests} test runs only")
+
+
+def test_a_megabyte_of_evidence_is_cut_on_the_page_and_links_to_its_run(unfinished):
+    page = (unfinished / "index.html").read_text()
+    _gpu, cpu, _killed = columns(ledger_row(page, "FMT-RANGE"))
+    shown = re.search(r'<span class="evidence">(.*?)</span>', cpu, re.S).group(1)
+    assert shown.startswith("ratio 0.5; ratio 0.5;") and len(shown) < 1700
+    assert re.search(rf"… \([\d,]+ more characters {report.IN_MLFLOW}\)$", shown)
+    assert report.IN_MLFLOW == "cut here; record.json in its MLflow run holds the full text"
+    assert re.search(r'<a href="http://127.0.0.1:5000/#/experiments/\d+/runs/\w+"', cpu)
+    assert len(page) < 200_000
+    assert len((unfinished / "summary.md").read_text()) < 20_000
+
+
+def test_a_dead_or_hanging_tracking_server_is_one_line_naming_it_within_seconds(
+    tmp_path, capsys, monkeypatch
+):
+    for name in MLFLOW_ENV:  # the harness's own bounds, not a setting left by the caller
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as hanging:
+        hanging.bind(("127.0.0.1", 0))
+        hanging.listen(16)  # the kernel completes the handshakes; nobody ever reads
+        uri = f"http://amp:s3cret@127.0.0.1:{hanging.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(HarnessError) as error:
+            report.build(uri, tmp_path / "out")
+        seconds = time.monotonic() - started
+    assert seconds < 20, f"a hanging server held the report for {seconds:.1f} s"
+    message = str(error.value)
+    assert message.startswith(f"cannot read MLflow at {uri.replace(':s3cret', '')}: ")
+    assert "s3cret" not in message and "Read timed out" in message
+    assert "start the tracking server" in message and "amp-harness sync" in message
+    assert not (tmp_path / "out").exists()
+
+    with socket.socket() as closed:  # a port where nothing listens
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    assert cli.main(["report", "--reports", str(tmp_path), "--tracking-uri", dead]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"amp-harness: error: cannot read MLflow at {dead}: ")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 # --- a real scenario session ------------------------------------------------------------------

@@ -12,9 +12,11 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from servers import MlflowServer, free_port
 
-from harness import devices, fingerprint
+from harness import cli, devices, fingerprint
 from harness.distributed import run_ranks
+from harness.tracking import redact
 
 SECRETS = {
     "MLFLOW_TRACKING_TOKEN": "amp-secret-123",
@@ -118,3 +120,86 @@ def test_the_listening_probe_sees_a_rank_bound_elsewhere(monkeypatch):
         pytest.skip("this machine has no network interface besides loopback")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", interface)  # spawned ranks inherit it
     assert not_loopback(run_ranks(listening_addresses, 2, "cpu", timeout_s=120))
+
+
+# --- passwords in tracking URIs ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "http://amp:amp-secret-1@db:5000/x",
+        "http://:amp-secret-1@db:5000",  # no user name, only a password
+        "--tracking-uri=http://:amp-secret-1@db:9",
+        "postgresql+psycopg://mlflow:p%40ss-amp-secret-1@db:5432/mlflow",  # percent-encoded
+        "http://amp:p@ss-amp-secret-1@db/x",  # a raw @ inside the password
+        "https://db/api?password=amp-secret-1&x=1",
+        "https://db/api?x=1&access_token=amp-secret-1#top",
+        "https://db/?token=amp-secret-1",
+        "https://db/?X-Amz-Signature=amp-secret-1&X-Amz-Credential=amp-secret-1",
+        "next=http%3A%2F%2Famp%3Aamp-secret-1%40db%2Fpath",  # a URI inside a URI
+        "next=http%3A%2F%2F%3Aamp-secret-1%40db%2Fpath",
+        "http%3A%2F%2Fdb%2F%3Fpassword%3Damp-secret-1%26a%3Db",
+        "MLflow at 'http://amp:amp-secret-1@db:5000': refused",
+    ],
+)
+def test_redact_removes_the_password_of_every_form_of_uri(text):
+    assert "amp-secret-1" not in redact(text)
+    assert "db" in redact(text)  # the host stays: where it went is still said
+
+
+def test_redact_keeps_what_holds_no_password():
+    for text in (
+        "http://127.0.0.1:5000/#/experiments/1",
+        "sqlite:////tmp/a%3Fb/mlflow.db",
+        "mail amp@example.com about http://db:5000/x",
+        "https://db/x?page=2&run=7",
+    ):
+        assert redact(text) == text  # fmt: skip
+    assert redact("http://amp:pw@db/x") == "http://amp@db/x"
+    assert redact("http://:pw@db/x") == "http://db/x"
+
+
+EMPTY_USER, USER, DEAD, TOKEN = (f"amp-planted-{n}-{i}" for i, n in
+                                 enumerate(("empty", "user", "dead", "token")))  # fmt: skip
+
+
+def test_a_password_in_the_tracking_uri_is_never_written_or_printed(pytester, capfd, tmp_path):
+    """Passwords planted in both URI forms (user:pw@ and :pw@, against a live server) and in a
+    dead server's URI (user:pw@ and ?token=): every output is searched for them: the terminal
+    (stdout, stderr, MLflow's own lines), the journal, the tags and artifacts on the server,
+    the report and what `sync` and `report` print."""
+    (tmp_path / "server").mkdir()
+    server = MlflowServer(tmp_path / "server", free_port())
+    try:
+        server.start()
+        live = [f"http://:{EMPTY_USER}@127.0.0.1:{server.port}",
+                f"http://amp:{USER}@127.0.0.1:{server.port}"]  # fmt: skip
+        dead = f"http://amp:{DEAD}@127.0.0.1:9/?token={TOKEN}"
+        pytester.makepyfile(**{"scenarios/test_scn": SCENARIO})
+        reports = pytester.path / "reports"
+        printed = []
+        for uri in [*live, dead]:
+            result = pytester.runpytest_inprocess(
+                "scenarios", "--amp-device=cpu", "-p", "no:cacheprovider",
+                f"--amp-reports={reports}", f"--tracking-uri={uri}",
+            )  # fmt: skip
+            result.assert_outcomes(passed=1)
+            printed += [result.stdout.str(), result.stderr.str()]
+        assert "MLflow: 127.0.0.1" not in printed[0]  # the first session logged to the server
+        assert f"MLflow: http://127.0.0.1:{server.port} (experiment" in printed[0]
+        assert "http://amp@127.0.0.1:9/?token=***" in printed[4]  # said, with what to run
+        for uri in live:
+            assert cli.main(["sync", "--reports", str(reports), "--tracking-uri", uri]) == 0
+            assert cli.main(["report", "--reports", str(reports), "--tracking-uri", uri]) == 0
+        assert cli.main(["sync", "--reports", str(reports), "--tracking-uri", dead]) == 2
+        out, err = capfd.readouterr()
+        printed += [out, err]
+        assert "synced " in out and "report written" in out and "sync stopped" in err
+    finally:
+        server.stop()
+    for secret in (EMPTY_USER, USER, DEAD, TOKEN):
+        assert [text for text in printed if secret in text] == [], f"{secret} printed"
+        assert holding(reports, secret) == [], f"{secret} written under reports/"
+        assert holding(tmp_path / "server", secret) == [], f"{secret} sent to the server"
+    assert "index.html" in " ".join(holding(reports, "127.0.0.1"))  # the search reads it
