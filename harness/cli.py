@@ -104,13 +104,12 @@ def _last_verdicts(reports: str) -> dict[str, dict]:
     of the same session, and a failure is never hidden)."""
     last: dict[str, dict] = {}
     for session in Journal(Path(reports) / JOURNAL_NAME).sessions().values():  # oldest first
-        devices = {r.test: r.device for r in session.records}
         for claim, verdict in verdicts.by_claim(session.records).items():
             last[claim] = {
                 "verdict": verdict.label,
                 "stands": verdict.stands,
                 "evidence": verdict.evidence,
-                "device": "; ".join(dict.fromkeys(devices[s.test] for s in verdict.statuses)),
+                "device": verdict.device,
                 "tests": [
                     {"test": s.test, "status": s.label, "evidence": s.evidence}
                     for s in verdict.statuses

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import baseline, verdicts
+from harness import baseline, shapes, verdicts
 from harness.errors import HarnessError
 from harness.journal import Journal
 from harness.record import _jsonable
@@ -31,7 +31,6 @@ from harness.record import _jsonable
 ALPHA = 0.05
 THRESHOLD = 0.10  # relative: 10% of the first run's mean
 _REPETITION = re.compile(r"^(seed|round|rank)\d+$")
-_NON_FINITE = ("inf", "-inf", "nan")  # how summaries spell them (JSON has no inf/NaN)
 
 
 class MissingBaseline(HarnessError):
@@ -409,7 +408,7 @@ def _problem(summary) -> str | None:
             return f'tests["{test}"]: field "metrics" is missing or not an object'
         for key, value in entry["metrics"].items():
             number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not number and value not in _NON_FINITE:
+            if not number and value not in shapes.NON_FINITE:
                 return f'tests["{test}"].metrics["{key}"]: {value!r} is not a number'
     return None
 

@@ -272,7 +272,7 @@ class DeviceInfo:
             return None
         text = CAPABILITY_TEXT[need]
         saw = seen.saw if seen else "not probed"
-        expected, why_not = self.expectation(need)
+        expected, why_not = self._expectation(need)
         if expected is None:
             return Lack(need, f"needs {text}: {why_not} ({saw})")
         what = "the probe raised" if seen and seen.raised else "the probe says no"
@@ -284,7 +284,7 @@ class DeviceInfo:
             error=seen.error if seen else "",
         )
 
-    def expectation(self, need: str) -> tuple[Expected | None, str]:
+    def _expectation(self, need: str) -> tuple[Expected | None, str]:
         """(what EXPECTED says of `need` here, or None with why it is not expected)."""
         expected = EXPECTED.get((self.type, need))
         if expected is None:
@@ -296,11 +296,6 @@ class DeviceInfo:
             major, minor = expected.cc
             return None, f"{self.name} is older than compute capability {major}.{minor}"
         return expected, ""
-
-    def regressions(self) -> dict[str, Lack]:
-        """Every capability expected here that the probes found missing."""
-        found = {need: self._lack(need) for need in PROBES}
-        return {need: lack for need, lack in found.items() if lack and lack.regression}
 
     def describe(self) -> str:
         if self.type == "cpu":

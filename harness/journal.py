@@ -27,8 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness import shapes
 from harness.errors import HarnessError
-from harness.record import Record, kind_of
+from harness.record import Record
 
 JOURNAL_NAME = "journal.jsonl"
 # Every entry starts with its type (json.dumps keeps the key order the harness writes): where a
@@ -45,45 +46,22 @@ class Session:
     end: dict | None = None
 
 
-def _text(value) -> bool:
-    return isinstance(value, str)
-
-
-def _number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _texts(value) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-
-def _counts(value) -> bool:
-    return isinstance(value, dict) and all(_whole(v) for v in value.values())
-
-
 # The fields each kind of entry must have for its readers (tracking, baseline, compare, list),
-# with what they must hold. Other fields are kept as they are.
+# each with the JSON it must hold (a harness.shapes spec). Other fields are kept as they are.
 _ENTRY_FIELDS = {
     "session": {
-        "session_id": (_text, "text"),
-        "name": (_text, "text"),
-        "started": (_number, "a number"),
-        "args": (_texts, "a list of text"),
-        "fingerprint": (lambda v: isinstance(v, dict), "an object"),
+        "session_id": "text",
+        "name": "text",
+        "started": "number",
+        "args": ("list", "text"),
+        "fingerprint": "object",
     },
-    "record": {
-        "session_id": (_text, "text"),
-        "record": (lambda v: isinstance(v, dict), "an object"),
-    },
+    "record": {"session_id": "text", "record": "object"},
     "session_end": {
-        "session_id": (_text, "text"),
-        "ended": (_number, "a number"),
-        "exitstatus": (_whole, "a whole number"),
-        "counts": (_counts, "an object of whole numbers"),
+        "session_id": "text",
+        "ended": "number",
+        "exitstatus": "whole",
+        "counts": ("object", "whole"),
     },
 }
 
@@ -191,7 +169,7 @@ class Journal:
             if kind not in _ENTRY_FIELDS:
                 unknown.setdefault(f"entry type {kind!r}", []).append(number)
                 continue
-            problem = _entry_problem(entry)
+            problem = shapes.fields_problem(entry, _ENTRY_FIELDS[kind])
             problem = problem and f"{kind} entry: {problem}"
             record = None
             if problem is None and kind == "record":
@@ -272,16 +250,6 @@ def _parse(text: bytes) -> tuple[dict | None, str]:
     if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
         return None, "not a journal entry"
     return entry, ""
-
-
-def _entry_problem(entry: dict) -> str | None:
-    """The first field of `entry` that its readers cannot use, and why; None if none."""
-    for name, (check, expected) in _ENTRY_FIELDS[entry["type"]].items():
-        if name not in entry:
-            return f'field "{name}" is missing'
-        if not check(entry[name]):
-            return f'field "{name}" is {kind_of(entry[name])}, not {expected}'
-    return None
 
 
 def _lines(numbers: list[int]) -> str:

@@ -199,8 +199,9 @@ class AmpSession:
             if option != "auto":
                 raise
 
-    def left_out(self) -> list[str]:
-        """What of the scenario suite this session did not run, in words; [] for all of it."""
+    def left_out(self, recorded: set[str]) -> list[str]:
+        """What of the scenario suite this session did not run, in words; [] for all of it.
+        `recorded`: the tests it recorded."""
         found = []
         chosen = [
             f"{flag} {value!r}"
@@ -219,7 +220,6 @@ class AmpSession:
         modules = sorted(p.name for p in self.scenarios.glob("test_*.py") if p not in ran_modules)
         if modules:
             found.append(f"scenario modules not run: {', '.join(modules)}")
-        recorded = {r.test for r in self.session_records()}
         never = sorted(self.selected - recorded)
         if never:
             found.append(f"{len(never)} selected test(s) never ran (-x, or a crash?)")
@@ -422,7 +422,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly:
         return  # nothing runs, nothing to record
     state.selected = {item.nodeid for item in session.items if state.is_scenario(item.path)}
-    if any(state.is_scenario(item.path) for item in session.items):
+    if state.selected:
         if state.device.type == "cpu":
             # The scenarios' models are small: a second thread barely helps them, a fixed count
             # makes float reductions (and so the recorded numbers) the same on any machine, and
@@ -700,8 +700,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         state.finish(record)
     if state.shared:
         return  # a pytest-xdist worker: the controller ends the session
+    records = state.session_records()  # a pytest-xdist controller reads them from the journal
     end = {"type": "session_end", "session_id": state.entry["session_id"]}
-    end["left_out"] = state.left_out()
+    end["left_out"] = state.left_out({r.test for r in records})
     # Before the session's end is recorded: a regression that fails the session is its status.
     state.compare_with_baseline(end)
     if (
@@ -712,7 +713,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     ):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     counts: dict[str, int] = {}
-    for r in state.session_records():
+    for r in records:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
     end.update(ended=time.time(), exitstatus=int(session.exitstatus), counts=counts)
     try:

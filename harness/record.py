@@ -18,6 +18,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness import shapes
 from harness.claims import check_verdict
 from harness.errors import HarnessError
 
@@ -131,21 +132,15 @@ class Record:
         naming the field (readers of the journal skip that record and say so); fields this
         version does not know, from a newer one, are ignored (`unknown_fields` names them)."""
         if not isinstance(data, dict):
-            raise HarnessError(f"is {kind_of(data)}, not an object")
-        for name, spec in _FIELDS.items():
-            if name not in data:
-                raise HarnessError(f'field "{name}" is missing')
-            problem = _problem(data[name], spec)
-            if problem:
-                raise HarnessError(f'field "{name}"{problem}')
+            raise HarnessError(f"is {shapes.kind_of(data)}, not an object")
+        problem = shapes.fields_problem(data, _FIELDS)
+        if problem:
+            raise HarnessError(problem)
         verdicts = {}
         for index, v in enumerate(data["verdicts"]):
-            for name in _VERDICT_FIELDS:
-                if name not in v:
-                    raise HarnessError(f'verdicts[{index}]: field "{name}" is missing')
-                problem = _problem(v[name], "text")
-                if problem:
-                    raise HarnessError(f'verdicts[{index}]: field "{name}"{problem}')
+            problem = shapes.fields_problem(v, _VERDICT_FIELDS)
+            if problem:
+                raise HarnessError(f"verdicts[{index}]: {problem}")
             verdicts[v["claim"]] = Verdict(*(v[name] for name in _VERDICT_FIELDS))
         values = {name: data[name] for name in _FIELDS}
         values["artifact_dir"] = Path(values["artifact_dir"])
@@ -164,8 +159,7 @@ class Record:
         return list(dict.fromkeys(found))
 
 
-# The fields to_dict writes, each with the JSON it must hold: "text", "number", "value" (a metric:
-# a number, or inf/NaN as text, since JSON has neither), "object", or (container, item spec). All
+# The fields to_dict writes, each with the JSON it must hold (a harness.shapes spec). All
 # are required: a record_id or `started` made up by default would make `sync` send the record
 # again at every run, and an empty default would hide what was lost.
 _FIELDS = {
@@ -184,49 +178,7 @@ _FIELDS = {
     "message": "text",
     "ended": "number",
 }
-_VERDICT_FIELDS = ("claim", "verdict", "evidence")
-_NON_FINITE = ("inf", "-inf", "nan")  # how to_dict writes them
-_WORDS = {"text": ("text", "text"), "number": ("a number", "numbers"),
-          "value": ("a number", "numbers"), "object": ("an object", "objects")}  # fmt: skip
-
-
-def _describe(spec, plural: bool = False) -> str:
-    if isinstance(spec, tuple):
-        container, item = spec
-        return f"{'an object' if container == 'object' else 'a list'} of {_describe(item, True)}"
-    return _WORDS[spec][plural]
-
-
-def _problem(value, spec, where: str = "") -> str | None:
-    """What is wrong with `value` as `spec`, from `where` inside the field (`['loss'][3]`)."""
-    if isinstance(spec, tuple):
-        container, item = spec
-        if not isinstance(value, dict if container == "object" else list):
-            return f"{where} is {kind_of(value)}, not {_describe(spec)}"
-        pairs = value.items() if isinstance(value, dict) else enumerate(value)
-        for key, inner in pairs:
-            problem = _problem(inner, item, f"{where}[{key!r}]")
-            if problem:
-                return problem
-        return None
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    fine = {
-        "text": isinstance(value, str),
-        "number": number,
-        "value": number or value in _NON_FINITE,
-        "object": isinstance(value, dict),
-    }[spec]
-    return None if fine else f"{where} is {kind_of(value)}, not {_describe(spec)}"
-
-
-def kind_of(value) -> str:
-    """A JSON value, in words: its type, and the text itself when it is short."""
-    if isinstance(value, str):
-        return f"text {value!r}" if len(value) <= 40 else "text"
-    if isinstance(value, bool):
-        return "a boolean"
-    words = {int: "a number", float: "a number", list: "a list", dict: "an object"}
-    return words.get(type(value), "null" if value is None else type(value).__name__)
+_VERDICT_FIELDS = {"claim": "text", "verdict": "text", "evidence": "text"}
 
 
 def _read(evidence: str) -> tuple[list[str], list[str]]:

@@ -70,7 +70,6 @@ DEFAULT_NAME = "report"  # a fixed name, overwritten by the next build: a stable
 EMBEDDED_UI = "http://127.0.0.1:5000"  # what `amp-harness ui` (and `mlflow ui`) serve by default
 TEMPLATE = "report.html.j2"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_PAGE = 5000  # runs per search_runs call: under every store's maximum (SQLite and REST: 50,000)
 ENDED = ("FINISHED", "FAILED")  # parent run statuses of a session that ran to its end
 # Where an entry's capped text is whole. Not "N more in record.json": the tag read here may
 # itself be cut (tracking keeps 5,000 characters of evidence), so N is only what was cut here.
@@ -156,7 +155,7 @@ def build(
     _check_target(out)
     with _reading(tracking_uri, "reading the experiment and its runs"):
         client, experiment_id = _open(tracking_uri, experiment)
-        runs = _all_runs(client, experiment_id)
+        runs = tracking.search_runs(client, experiment_id)
     ui = _ui(tracking_uri)
 
     def link(run_id: str) -> str:
@@ -252,9 +251,7 @@ def _reading(uri: str, what: str):
     except HarnessError:
         raise
     except Exception as exc:  # MlflowException, requests' and SQLAlchemy's errors alike
-        first = tracking.redact((str(exc).strip().splitlines() or [type(exc).__name__])[0])
-        if len(first) > 300:  # MLflow's start names the call, its end the cause (a timeout)
-            first = f"{first[:140]} … {first[-140:]}"
+        first = tracking.reason(exc)
         if urlparse(uri).scheme in ("http", "https"):
             fix = "start the tracking server, or correct its address"
         else:
@@ -286,16 +283,6 @@ def _open(uri: str, experiment: str):
             f"{', '.join(names) or 'none'} (pass --experiment NAME)"
         )
     return client, found.experiment_id
-
-
-def _all_runs(client, experiment_id: str) -> list:
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], max_results=_PAGE, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
 
 
 def _env(run) -> dict[str, str]:
@@ -340,8 +327,10 @@ def _latest_sessions(runs: list, link) -> list[Environment]:
         by_env[tuple(sorted(session["env"].items()))].append(session)
     environments = []
     for group in by_env.values():
+        for session in group:
+            session["incomplete"] = _incomplete(session["parent"], session["tests"])
         newest = max(group, key=lambda s: s["started"])
-        complete = [s for s in group if not _incomplete(s["parent"], s["tests"])]
+        complete = [s for s in group if not s["incomplete"]]
         shown = [max(complete, key=lambda s: s["started"])] if complete else []
         if newest not in shown:  # no complete session, or one newer than the complete one
             shown.append(newest)
@@ -354,7 +343,7 @@ def _latest_sessions(runs: list, link) -> list[Environment]:
                 session_url=session["url"],
                 started=session["started"] / 1000,
                 tests=sorted(session["tests"], key=lambda r: r.data.tags.get("amp.test", "")),
-                incomplete=_incomplete(session["parent"], session["tests"]),
+                incomplete=session["incomplete"],
                 beside=session is not shown[0],
             )
             for session in shown

@@ -52,16 +52,14 @@ def verdict_rows(records: list[Record]) -> list[tuple[str, str, str, str]]:
     own; with several, each test's line names it and its status. Each test's evidence is capped
     (`cap`)."""
     order = {claim_id: i for i, claim_id in enumerate(catalogue())}
-    devices = {r.test: r.device for r in records}
     rows = []
     for claim, verdict in verdicts.by_claim(records).items():
-        device = "; ".join(dict.fromkeys(devices[s.test] for s in verdict.statuses))
         capped = tuple(
             dataclasses.replace(s, evidence=cap(s.evidence, IN_THE_JOURNAL))
             for s in verdict.statuses
         )
         evidence = dataclasses.replace(verdict, statuses=capped).evidence
-        rows.append((claim, verdict.label, evidence, device))
+        rows.append((claim, verdict.label, evidence, verdict.device))
     return sorted(rows, key=lambda row: order.get(row[0], len(order)))
 
 

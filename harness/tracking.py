@@ -288,7 +288,7 @@ class MlflowSink:
         except Exception as exc:  # noqa: BLE001 - a damaged, locked or full store, a bad server
             # Opening the store is the first MLflow call of a session: it must not stop it.
             where = f"the store {self.store}" if self.store else f"MLflow at {self.label}"
-            self.client, self.down = None, f"cannot open {where} ({_reason(exc)})"
+            self.client, self.down = None, f"cannot open {where} ({reason(exc)})"
         if self.down:
             log.info("MLflow at %s: %s", self.label, self.down)
         self._experiment_id: str | None = None
@@ -328,9 +328,9 @@ class MlflowSink:
             return call(*args, **kwargs)
         except Exception as exc:  # any failure: keep going on the journal alone
             if refusable and _refused(exc):  # MLflow answered: the next result may be fine
-                self.refused.append(f"{what}: {_reason(exc)}")
+                self.refused.append(f"{what}: {reason(exc)}")
                 return None
-            self.down = f"{what} failed after {time.monotonic() - started:.1f} s ({_reason(exc)})"
+            self.down = f"{what} failed after {time.monotonic() - started:.1f} s ({reason(exc)})"
             log.info("MLflow at %s: %s", self.label, self.down)
             return None
 
@@ -380,21 +380,11 @@ class MlflowSink:
         )
         return self.client.get_experiment(experiment.experiment_id)
 
-    def _search(self, query: str) -> list:
-        runs, token = [], None
-        while True:
-            page = self.client.search_runs(
-                [self._experiment()], query, max_results=_PAGE, page_token=token
-            )
-            runs.extend(page)
-            token = page.token
-            if not token:
-                return runs
-
     def _session_runs(self, session_id: str) -> list:
         """Every active run of the session, parent and children."""
         query = f"tags.`amp.session_id` = '{session_id}'" if _PLAIN_ID.fullmatch(session_id) else ""
-        return [r for r in self._search(query) if r.data.tags.get("amp.session_id") == session_id]
+        found = search_runs(self.client, self._experiment(), query)
+        return [r for r in found if r.data.tags.get("amp.session_id") == session_id]
 
     def _parent(self, session: dict) -> str:
         sid = session["session_id"]
@@ -497,9 +487,10 @@ class MlflowSink:
         stamp = int(end["ended"] * 1000)
         counts = [Metric(f"tests.{k}", v, stamp, 0) for k, v in end["counts"].items()]
         # What the session did not run (-k, modules left out): the report's "incomplete".
-        tags = [RunTag(EXIT_STATUS, str(end["exitstatus"]))]
+        tags = {EXIT_STATUS: str(end["exitstatus"])}
         if end.get("left_out"):
-            tags.append(RunTag(LEFT_OUT, redact("; ".join(end["left_out"]))[:_TAG_LIMIT]))
+            tags[LEFT_OUT] = "; ".join(end["left_out"])
+        tags = [RunTag(k, v) for k, v in _clean(tags).items()]
         self.client.log_batch(parent, metrics=counts, tags=tags)
         self.client.set_terminated(parent, _session_status(end["exitstatus"]), stamp)
         if ended_by_sync:
@@ -581,6 +572,17 @@ class MlflowSink:
             counts["sessions_killed"] += 1
 
 
+def search_runs(client, experiment_id: str, query: str = "") -> list:
+    """Every run of the experiment that `query` selects, page by page."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], query, max_results=_PAGE, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
 def _complete(run) -> bool:
     """Whether a child run holds its whole record. Runs logged before the completion tag
     existed count when they ended: their end was their last call."""
@@ -594,7 +596,7 @@ def _refused(exc: Exception) -> bool:
     return getattr(exc, "error_code", None) == "INVALID_PARAMETER_VALUE"
 
 
-def _reason(exc: Exception) -> str:
+def reason(exc: Exception) -> str:
     """An MLflow error as a short phrase: its first line, without passwords, and for a failed
     HTTP request the endpoint and the cause ("Connection refused", "Read timed out")."""
     text = redact((str(exc).strip().splitlines() or [type(exc).__name__])[0])

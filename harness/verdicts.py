@@ -20,6 +20,7 @@ One claim, several tests (the rule, in order):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ class Status:
     recorded: str | None  # the verdict the test recorded, whatever its outcome
     evidence: str  # the recorded evidence, or why there is none that counts
     test: str = ""
+    device: str = ""  # the device the test ran on, where known
 
     @property
     def stands(self) -> bool:
@@ -82,13 +84,14 @@ def of_record(record) -> dict[str, Status]:
     out = {}
     for claim in record.claims:
         verdict = record.verdicts.get(claim)
-        out[claim] = status(
+        found = status(
             verdict.verdict if verdict else None,
             verdict.evidence if verdict else "",
             record.outcome,
             record.message,
             record.test,
         )
+        out[claim] = dataclasses.replace(found, device=record.device)
     return out
 
 
@@ -104,6 +107,11 @@ class ClaimVerdict:
     def stands(self) -> bool:
         """Decided by tests that all passed: a verdict a baseline may hold as valid."""
         return self.kind == DECIDED_KIND
+
+    @property
+    def device(self) -> str:
+        """The devices its tests ran on."""
+        return "; ".join(dict.fromkeys(s.device for s in self.statuses))
 
     @property
     def evidence(self) -> str:
