@@ -75,7 +75,12 @@ def summarize(journal: Journal, session_id: str | None = None, ending: dict | No
             for claim, status in by_claim.items()
         ],
         "tests": {
-            r.test: {"outcome": r.outcome, "metrics": r.to_dict()["metrics"]}  # inf/NaN as text
+            r.test: {
+                "outcome": r.outcome,
+                "claims": r.claims,
+                "metrics": r.to_dict()["metrics"],  # inf/NaN as text
+                "key_metrics": list(r.key_metrics()),  # Record.key_metric: compared exactly
+            }
             for r in session.records
         },
     }

@@ -10,8 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import baseline, compare, report, verdicts
-from harness.claims import catalogue
+from harness import baseline, claims, compare, report, verdicts
 from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
 from harness.tracking import (
@@ -122,6 +121,7 @@ def _list(args: argparse.Namespace) -> int:
     import contextlib
     import io
 
+    claims.use_project(_project_catalogue(args))
     quiet = io.StringIO()
     with contextlib.redirect_stdout(quiet):  # pytest's collection chatter
         try:
@@ -133,6 +133,9 @@ def _list(args: argparse.Namespace) -> int:
     rows = [
         {
             "id": claim.id,
+            "catalogue": claim.catalogue,
+            "source": claim.source,
+            "expected": claim.expected,
             "section": claim.section,
             "statement": claim.statement,
             "article": claim.article,
@@ -142,7 +145,7 @@ def _list(args: argparse.Namespace) -> int:
             "last_device": last.get(claim.id, {}).get("device"),
             "last_tests": last.get(claim.id, {}).get("tests", []),
         }
-        for claim in catalogue().values()
+        for claim in claims.catalogue().values()
     ]
     if args.json:
         print(json.dumps(rows, ensure_ascii=False, indent=1))
@@ -151,11 +154,14 @@ def _list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} claims (last verdicts from {args.reports}/{JOURNAL_NAME})")
-    for name in ("claim", "statement", "tests", "last verdict"):
+    for name in ("claim", "statement", "source", "tests", "last verdict"):
         table.add_column(name, overflow="fold")
     for row in rows:
         tests_text = "\n".join(t.split("/")[-1] for t in row["tests"]) or "(no scenario yet)"
-        table.add_row(row["id"], row["statement"], tests_text, row["last_verdict"] or "-")
+        last = row["last_verdict"] or "-"
+        if row["expected"] and row["last_verdict"] and row["last_verdict"] != row["expected"]:
+            last += f" (expected {row['expected']})"
+        table.add_row(row["id"], row["statement"], row["source"], tests_text, last)
     Console().print(table)
     return 0
 
@@ -164,6 +170,12 @@ def _baseline(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    if args.action == "changes":
+        from harness import changes
+
+        text = changes.write(Path(args.baselines), Path(args.page) if args.page else None)
+        print(f"written: {args.page}" if args.page else text, end="\n" if args.page else "")
+        return 0
     summary = baseline.summarize(Journal(Path(args.reports) / JOURNAL_NAME), args.session)
     path = baseline.save(summary, Path(args.out), partial=args.partial, force=args.force)
     table = Table(title=f"{summary['name']}: {len(summary['verdicts'])} verdicts")
@@ -345,13 +357,27 @@ def _check_ui_address(host: str, port: int) -> None:
         )
 
 
+def _project_catalogue(args: argparse.Namespace) -> Path:
+    """--claims, else claims.toml in the scenario folder (as the plugin finds it)."""
+    return Path(args.claims or Path(args.scenarios) / claims.PROJECT_FILE)
+
+
 def _new(args: argparse.Namespace) -> int:
     from harness import contract  # it imports pytest: only the commands that need it pay
 
-    path = contract.new_scenario(args.name, Path(args.scenarios))
+    claim_id, statement = args.claim or (None, None)
+    path, claim = contract.new_scenario(
+        args.name,
+        Path(args.scenarios),
+        _project_catalogue(args),
+        claim_id=claim_id,
+        statement=statement,
+        source=args.source,
+    )
     print(
-        f"wrote {path}: a working scenario (it checks FMT-BYTES as written). Make it yours with "
-        f"docs/writing-a-scenario.md, then `amp-harness validate` and `pytest {path}`"
+        f"wrote {path}: a working scenario of claim {claim.id}, added to "
+        f"{_project_catalogue(args)}. Make it yours with docs/writing-a-scenario.md, then "
+        f"`amp-harness validate` and `pytest {path}`"
     )
     return 0
 
@@ -387,6 +413,8 @@ def parser() -> argparse.ArgumentParser:
     listing = command("list", "each claim with the tests that check it and its last verdict")
     listing.add_argument("--scenarios", default="scenarios", help="scenario folder")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    claims_help = "the project's claim catalogue (default: SCENARIOS/claims.toml)"
+    listing.add_argument("--claims", default=None, metavar="PATH", help=claims_help)
     sync = command("sync", "replay the journal into MLflow; what is there already is skipped")
     sync.add_argument(
         "--tracking-uri",
@@ -414,7 +442,16 @@ def parser() -> argparse.ArgumentParser:
         "`baseline save` names for its environment, under REPORTS/baselines)",
     )
     base = command("baseline", "save a session's verdicts and key metrics as a baseline file")
-    base.add_argument("action", choices=["save"])
+    base.add_argument(
+        "action",
+        choices=["save", "changes"],
+        help="save: write a session's baseline; changes: the page of what differs between the "
+        "torch releases of the baselines in --baselines (docs/what-changed-across-releases.md)",
+    )
+    base.add_argument(
+        "--baselines", default="reports/baselines", help="changes: the folder of baselines to read"
+    )
+    base.add_argument("--page", default=None, help="changes: write the page here (default: print)")
     base.add_argument(
         "--session", default=None, help="session id or a unique prefix (default: the last one)"
     )
@@ -451,6 +488,20 @@ def parser() -> argparse.ArgumentParser:
     new = sub.add_parser("new", help=new_help, description=new_help)
     new.add_argument("name", metavar="NAME", help="letters, digits and _ (no test_ prefix)")
     new.add_argument("--scenarios", default="scenarios", help="scenario folder")
+    new.add_argument("--claims", default=None, metavar="PATH", help=claims_help)
+    new.add_argument(
+        "--claim",
+        nargs=2,
+        metavar=("ID", "STATEMENT"),
+        default=None,
+        help="the claim the scenario checks, added to the project's catalogue (default: an ID "
+        "made from NAME, with the template's example statement)",
+    )
+    new.add_argument(
+        "--source",
+        default="team decision",
+        help="where the claim comes from: a paper, an issue, a URL (default: team decision)",
+    )
     validate_help = "check every scenario file against the contract; exit 1 on any problem"
     validate = sub.add_parser("validate", help=validate_help, description=validate_help)
     validate.add_argument("--scenarios", default="scenarios", help="scenario folder")

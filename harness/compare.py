@@ -23,7 +23,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import baseline, shapes, verdicts
+from harness import baseline, differences, shapes, verdicts
 from harness.errors import HarnessError
 from harness.journal import Journal
 from harness.record import _jsonable
@@ -200,13 +200,14 @@ def compare(
             only_a.append(test)
             continue
         before, after = _quantities(entry["metrics"]), _quantities(b["tests"][test]["metrics"])
+        key = {*entry.get("key_metrics", []), *b["tests"][test].get("key_metrics", [])}
         only_a += [f"{test} :: metric {q}" for q in before if q not in after]
         only_b += [f"{test} :: metric {q}" for q in after if q not in before]
         for quantity in before.keys() & after.keys():
             compared += 1
             change = _metric_change(
                 test, claims_of.get(test, ()), quantity, before[quantity], after[quantity],
-                threshold, alpha,
+                threshold, alpha, quantity in key,
             )  # fmt: skip
             if change:
                 metrics.append(change)
@@ -285,12 +286,19 @@ def _metric_change(
     after: dict[str, float | str],
     threshold: float,
     alpha: float,
+    key: bool = False,
 ) -> MetricChange | None:
     if before == after:  # the raw values: inf and NaN are spelled as text, so NaN == NaN here
         return None
     xs, ys = [float(v) for v in before.values()], [float(v) for v in after.values()]
     relative = _relative(statistics.fmean(xs), statistics.fmean(ys))
     p_value, note = None, ""
+    if key:  # which way the behaviour went (Record.key_metric): any change beyond rounding
+        moved = [differences.value(x) for x in xs] != [differences.value(y) for y in ys]
+        note = "key metric" + (": the behaviour changed" if moved else ", the same to 4 digits")
+        return MetricChange(
+            test, claims, quantity, tuple(xs), tuple(ys), relative, None, moved, note
+        )
     if max(len(xs), len(ys)) == 1:
         note = "no repetitions"
     elif min(len(xs), len(ys)) == 1:

@@ -37,13 +37,14 @@ import os
 import re
 import string
 import sys
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from harness.claims import unknown_ids
+from harness.claims import PROJECT_FILE, Claim, add_project_claim, unknown_ids, use_project
 from harness.controls import Controls, call_name, walk
 from harness.errors import HarnessError
 
@@ -344,9 +345,19 @@ def _collect(paths: list[Path]) -> _MarkerReader:
 # --- the checks --------------------------------------------------------------------------------
 
 
-def check(folder: Path) -> list[Problem]:
-    """Every contract problem of the scenario files in `folder`, in file and line order."""
+def check(folder: Path, catalogue_path: Path | None = None) -> list[Problem]:
+    """Every contract problem of the scenario files in `folder`, in file and line order. Claim
+    IDs are those of the built-in catalogues and the project's (`catalogue_path`, by default
+    claims.toml in `folder`)."""
     folder = _scenario_folder(folder)
+    restore = use_project(catalogue_path or folder / PROJECT_FILE)
+    try:
+        return _check_folder(folder)
+    finally:
+        restore()
+
+
+def _check_folder(folder: Path) -> list[Problem]:
     problems: list[Problem] = []
     modules: list[tuple[_Module, list[_Test]]] = []
     for path in sorted(folder.glob("test_*.py")):
@@ -458,8 +469,18 @@ def _last_line(text: str) -> str:
 # --- new ---------------------------------------------------------------------------------------
 
 
-def new_scenario(name: str, folder: Path) -> Path:
-    """Write folder/test_NAME.py from the template; never overwrites."""
+def new_scenario(
+    name: str,
+    folder: Path,
+    catalogue_path: Path,
+    claim_id: str | None = None,
+    statement: str | None = None,
+    source: str = "team decision",
+) -> tuple[Path, Claim]:
+    """Write folder/test_NAME.py from the template, checking a claim of its own that is added to
+    the project catalogue at `catalogue_path`: `claim_id` and `statement`, or else an ID made from
+    NAME with the template's example statement (never an existing claim: its verdicts would
+    join that claim's). Never overwrites; writes nothing when anything is wrong."""
     if not _NAME.fullmatch(name) or name.startswith("test_"):
         suggestion = re.sub(r"\W+", "_", name.removeprefix("test_"), flags=re.ASCII).strip("_")
         raise HarnessError(
@@ -482,16 +503,41 @@ def new_scenario(name: str, folder: Path) -> Path:
             f"pick a shorter one, e.g. `amp-harness new {name[:40].rstrip('_') or 'my_claim'}`"
         )
     path = folder / f"test_{name}.py"
-    text = string.Template(TEMPLATE_PATH.read_text(encoding="utf-8")).substitute(name=name)
+    if path.exists():
+        raise HarnessError(
+            f"{path} exists: pick another NAME, or delete the file first if you mean to start over"
+        )
+    if claim_id is None:
+        claim_id = "PROJECT-" + (re.sub(r"[^A-Z0-9]+", "-", name.upper()).strip("-") or "X")
+        statement, source = TEMPLATE_STATEMENT, TEMPLATE_SOURCE
+    before = catalogue_path.read_bytes() if catalogue_path.exists() else None
+    claim = add_project_claim(catalogue_path, claim_id, statement, source)
+    text = string.Template(TEMPLATE_PATH.read_text(encoding="utf-8")).substitute(
+        name=name, claim=claim.id, statement=_comment(f"{claim.id}: {claim.statement}")
+    )
     try:
         with path.open("x", encoding="utf-8") as f:  # "x": fails if the file exists
             f.write(text)
-    except FileExistsError:
-        raise HarnessError(
-            f"{path} exists: pick another NAME, or delete the file first if you mean to start over"
-        ) from None
     except OSError as exc:  # a read-only folder, a full disk: the reason, never a traceback
+        # The claim goes with its scenario: the catalogue is put back as it was.
+        if before is None:
+            catalogue_path.unlink(missing_ok=True)
+        else:
+            catalogue_path.write_bytes(before)
         raise HarnessError(
             f"cannot write {path}: {exc.strerror}; make {folder} writable or pass --scenarios DIR"
         ) from None
-    return path
+    return path, claim
+
+
+TEMPLATE_STATEMENT = (
+    "After .half() a parameter and its gradient take 2 bytes each; under fp16 autocast they stay "
+    "float32, 4 bytes each: autocast alone does not halve the memory of parameters."
+)
+TEMPLATE_SOURCE = "amp-harness new: the template's example claim (replace it with yours)"
+
+
+def _comment(text: str) -> str:
+    """`text` as the lines of a Python comment that fit the line length (any character is safe
+    in a comment; a line break is not)."""
+    return "\n".join(f"# {line}" for line in textwrap.wrap(" ".join(text.split()), 96))

@@ -13,7 +13,9 @@ Each capability a scenario needs (`@pytest.mark.requires(...)`) is, on the sessi
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import inspect
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from pathlib import Path
 import torch
 
 from harness.errors import HarnessError
+from harness.gpus import GpuFigures, Identified, identify
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 NVIDIA_DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees
@@ -93,14 +96,16 @@ def _probe_tf32(device: str) -> Probe:
         return Probe(False, "TF32 is an NVIDIA tensor-core format; this device is the CPU")
     a = torch.randn(256, 256, device=device, generator=torch.Generator(device).manual_seed(0))
     exact = a.double() @ a.double()
-    saved = torch.backends.cuda.matmul.allow_tf32
+    from harness import recipes  # here: recipes imports this module
+
+    saved = recipes.tf32_settings()  # the new fp32_precision API where the build has it
     errors = {}
     try:
         for allowed in (True, False):
-            torch.backends.cuda.matmul.allow_tf32 = allowed
+            recipes.set_tf32(allowed)
             errors[allowed] = float(((a @ a).double() - exact).abs().max() / exact.abs().max())
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
+        recipes.restore_tf32(saved)
     return Probe(
         errors[True] > 8 * errors[False],
         f"a 256x256 fp32 matmul's relative error was {errors[True]:.1e} with TF32 allowed and "
@@ -221,6 +226,7 @@ class DeviceInfo:
     gpu_count: int
     compute_capability: tuple[int, int] | None
     capabilities: dict[str, Probe] = field(default_factory=dict, hash=False)  # hashable: a key
+    figures: GpuFigures | None = None  # a GPU's variant figures (gpus.identify); None on the CPU
 
     @property
     def torch_device(self) -> torch.device:
@@ -297,6 +303,10 @@ class DeviceInfo:
             return None, f"{self.name} is older than compute capability {major}.{minor}"
         return expected, ""
 
+    def datasheet(self) -> Identified | None:
+        """This GPU's entry in harness/gpus.json, with how sure that is; None on the CPU."""
+        return identify(self.name, self.figures) if self.type == "cuda" else None
+
     def describe(self) -> str:
         if self.type == "cpu":
             return f"cpu (torch {torch.__version__})"
@@ -333,13 +343,64 @@ def probe(device_type: str) -> DeviceInfo:
     else:
         name, cc = "cpu", None
     caps = {need: _run_probe(lambda fn=fn: fn(device_type)) for need, fn in PROBES.items()}
-    if device_type == "cuda" and caps["bf16_autocast"].works and cc < (8, 0) and not _rocm():
+    if device_type == "cuda" and caps["bf16_autocast"].works and not native_bf16():
         # Autocast accepts bf16 on pre-Ampere GPUs and emulates it slowly: not the real thing.
         caps["bf16_autocast"] = Probe(
             False,
-            f"autocast ran bfloat16, emulated: sm_{cc[0]}{cc[1]} has no bfloat16 tensor cores",
+            f"autocast ran bfloat16, emulated: sm_{cc[0]}{cc[1]} has no bfloat16 tensor cores "
+            "(torch.cuda.is_bf16_supported says no native support)",
         )
-    return DeviceInfo(device_type, name, gpu_count, cc, caps)
+    figures = gpu_figures(0) if device_type == "cuda" else None
+    return DeviceInfo(device_type, name, gpu_count, cc, caps, figures)
+
+
+def native_bf16() -> bool:
+    """Whether the current CUDA device has bfloat16 in hardware. `is_bf16_supported()` also
+    counts bf16 that merely runs, emulated (pre-Ampere GPUs), unless asked for native support;
+    releases without the `including_emulation` argument (torch 2.4) answer native only."""
+    check = torch.cuda.is_bf16_supported
+    if "including_emulation" in inspect.signature(check).parameters:
+        return bool(check(including_emulation=False))
+    return bool(check())
+
+
+def gpu_figures(index: int) -> GpuFigures:
+    """The figures that tell variants of one GPU apart (harness/gpus.json `figures`): total
+    memory and SMs as CUDA reports them, the peak SM clock where this torch exposes it, and the
+    board's maximum power limit from NVML where the driver's library is there."""
+    props = torch.cuda.get_device_properties(index)
+    clock_khz = getattr(props, "clock_rate", None)  # torch >= 2.10
+    uuid = str(getattr(props, "uuid", "") or "")
+    return GpuFigures(
+        total_memory_gib=props.total_memory / 2**30,
+        sm_count=props.multi_processor_count,
+        max_sm_clock_mhz=clock_khz / 1000 if clock_khz else None,
+        max_power_w=_nvml_max_power_w(uuid) if uuid else None,
+    )
+
+
+def _nvml_max_power_w(uuid: str) -> float | None:
+    """The highest power limit the board allows, in W (nvmlDeviceGetPowerManagementLimit-
+    Constraints): an SXM H200 allows 700, an H200 NVL 600. Read through the driver's own
+    libnvidia-ml with ctypes, so no Python package is needed; None wherever it cannot be read."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if nvml.nvmlInit_v2() != 0:
+        return None
+    try:
+        handle = ctypes.c_void_p()
+        name = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"  # NVML's form of the UUID
+        if nvml.nvmlDeviceGetHandleByUUID(name.encode(), ctypes.byref(handle)) != 0:
+            return None
+        low, high = ctypes.c_uint(), ctypes.c_uint()
+        found = nvml.nvmlDeviceGetPowerManagementLimitConstraints(
+            handle, ctypes.byref(low), ctypes.byref(high)
+        )
+        return high.value / 1000 if found == 0 and high.value else None  # milliwatts
+    finally:
+        nvml.nvmlShutdown()
 
 
 def resolve(choice: str) -> DeviceInfo:

@@ -5,9 +5,11 @@ Only named facts are collected; the process environment is never copied (it hold
 
 from __future__ import annotations
 
+import operator
 import platform
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import torch
@@ -34,6 +36,48 @@ def _git_commit(root: Path) -> str:
         return "unknown"
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
     return commit + ("-dirty" if dirty else "")
+
+
+# Switches that let a "half" or "fp32" GEMM compute less exactly than its dtype says, besides
+# TF32: cuBLAS may reduce split-K partial sums in fp16/bf16 (on by default), accumulate fp16
+# GEMMs in fp16 (torch >= 2.7, off by default).
+_REDUCTION_FLAGS = (
+    "allow_fp16_reduced_precision_reduction",
+    "allow_bf16_reduced_precision_reduction",
+    "allow_fp16_accumulation",
+)
+# The newer TF32 control (torch >= 2.9), per backend and op: where a build has it, it is what
+# decides, and the legacy allow_tf32 flags are views of it.
+_FP32_PRECISION = (
+    "fp32_precision",
+    "cuda.matmul.fp32_precision",
+    "cudnn.fp32_precision",
+    "cudnn.conv.fp32_precision",
+    "cudnn.rnn.fp32_precision",
+)
+
+
+def precision_flags() -> dict[str, str]:
+    """The precision switches of this process as `precision.<torch.backends path>`: the
+    reduced-precision reductions, float32_matmul_precision and the fp32_precision settings,
+    each where this torch has it."""
+    matmul = torch.backends.cuda.matmul
+    # Reading a switch a newer torch deprecates must not fail the fingerprint (warnings are
+    # errors in the project's tests).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        flags = {
+            f"cuda.matmul.{name}": getattr(matmul, name)
+            for name in _REDUCTION_FLAGS
+            if hasattr(matmul, name)
+        }
+        flags["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+        for path in _FP32_PRECISION:
+            try:
+                flags[path] = operator.attrgetter(path)(torch.backends)
+            except AttributeError:  # a torch before the fp32_precision API
+                continue
+    return {f"precision.{k}": str(v) for k, v in flags.items()}
 
 
 def collect(device: DeviceInfo, root: Path) -> dict[str, str]:
@@ -64,11 +108,16 @@ def collect(device: DeviceInfo, root: Path) -> dict[str, str]:
         "git_commit": _git_commit(root),
     }
     facts.update({f"tf32.{k}": str(v) for k, v in tf32_flags().items()})
+    facts.update(precision_flags())
     return {k: str(v) or "n/a" for k, v in facts.items()}  # plain str: TorchVersion is not
+
+
+def hardware(facts: dict[str, str]) -> str:
+    """What an environment runs on: its GPU's name, or "cpu <architecture>"."""
+    return facts["gpu_name"] if facts["device"] == "cuda" else f"cpu {facts['cpu']}"
 
 
 def label(facts: dict[str, str]) -> str:
     """A short name for an environment: 'NVIDIA H200 / torch 2.11.0 / CUDA 12.8'."""
-    hardware = facts["gpu_name"] if facts["device"] == "cuda" else f"cpu {facts['cpu']}"
     cuda = f" / CUDA {facts['cuda']}" if facts["device"] == "cuda" else ""
-    return f"{hardware} / torch {facts['torch']}{cuda}"
+    return f"{hardware(facts)} / torch {facts['torch']}{cuda}"

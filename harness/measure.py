@@ -7,7 +7,8 @@
   temperature or neighbours falls on every arm alike; compare ratios measured side by side,
   never absolute times across runs.
 - A ratio of medians comes with a bootstrap confidence interval over the paired rounds, and a
-  claim is decided only when the interval excludes the threshold.
+  claim is decided only when the interval excludes the threshold, and only from enough rounds
+  (`min_rounds`): with fewer, a bootstrap interval of medians rests on the extreme rounds.
 - Memory in a separate pass from timing: peak allocated bytes, with the parameters, gradients
   and optimizer state counted apart from the rest (activations, caches).
 """
@@ -43,6 +44,19 @@ def time_call(fn: Callable[[], object], device_type: str) -> float:
     return time.perf_counter() - started
 
 
+def min_rounds(confidence: float = 0.95) -> int:
+    """The fewest rounds whose median has a distribution-free interval at `confidence` that
+    leaves out the fastest and the slowest round: the smallest n with 2 P(Binomial(n, 1/2) <= 1)
+    <= 1 - confidence (9 at 95%). With fewer, any interval of the median reaches the extremes,
+    and a bootstrap of 5 rounds' medians takes only a handful of distinct values."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie between 0 and 1, got {confidence}")
+    n = 3
+    while 2 * stats.binom.cdf(1, n, 0.5) > 1 - confidence:
+        n += 1
+    return n
+
+
 @dataclass(frozen=True)
 class Ratio:
     """median(numerator) / median(denominator) with a bootstrap interval over paired rounds."""
@@ -53,9 +67,17 @@ class Ratio:
     confidence: float
     rounds: int
 
+    @property
+    def enough_rounds(self) -> bool:
+        """Measured over at least min_rounds(confidence) rounds: the interval can decide."""
+        return self.rounds >= min_rounds(self.confidence)
+
     def decide(self, threshold: float) -> str:
         """'above' or 'below' when the whole interval is on one side of `threshold`, else
-        'undecided': the measurement does not settle the claim."""
+        'undecided': the measurement does not settle the claim; from too few rounds, always
+        'undecided'."""
+        if not self.enough_rounds:
+            return "undecided"
         if self.low > threshold:
             return "above"
         if self.high < threshold:
@@ -67,9 +89,10 @@ class Ratio:
         return {name: self.value, f"{name}.low": self.low, f"{name}.high": self.high}
 
     def describe(self) -> str:
+        few = "" if self.enough_rounds else f", too few to decide: {min_rounds(self.confidence)}"
         return (
             f"{self.value:.3g}x ({self.confidence:.0%} CI {self.low:.3g}-{self.high:.3g}, "
-            f"{self.rounds} interleaved rounds)"
+            f"{self.rounds} interleaved rounds{few})"
         )
 
 

@@ -21,6 +21,13 @@ from torch import nn
 from harness.errors import HarnessError, closest
 
 TOLERANCE = 0.1  # the largest relative gap between the target and the built count
+HEAD_MULTIPLE = 8  # attention head sizes, where the target allows: tensor-core friendly
+
+
+def head_size(spec: Plan) -> int | None:
+    """The width of one attention head of a transformer plan; None for other kinds."""
+    heads = spec.options.get("heads")
+    return spec.width // heads if heads else None
 
 
 def count_params(model: nn.Module) -> int:
@@ -198,13 +205,22 @@ def plan(kind: str, params: int, **options: int) -> Plan:
     else:  # a single hidden layer: the count is linear in the width
         ideal = (params - c) / b
 
+    multiples = [resolved.get("heads") or 1]  # d_model must split evenly into the heads
     if "heads" in resolved and resolved["heads"] is None:
-        # Unless given, one attention head per ~64 channels, as GPT-2 (768 wide, 12 heads).
+        # Unless given, one attention head per ~64 channels, as GPT-2 (768 wide, 12 heads), and
+        # heads a multiple of 8 wide where a width within TOLERANCE allows it: tensor cores and
+        # the fused attention kernels work in multiples of 8 (an odd head size falls back to
+        # slower kernels, which would bias a speed comparison between sizes).
         resolved["heads"] = max(1, round(ideal / 64))
-    multiple = resolved.get("heads", 1)  # d_model must split evenly into the heads
-    below = max(multiple, math.floor(ideal / multiple) * multiple)
-    width = min((below, below + multiple), key=lambda w: abs(family.count(w, **resolved) - params))
-    count = family.count(width, **resolved)
+        multiples = [HEAD_MULTIPLE * resolved["heads"], resolved["heads"]]
+    for multiple in multiples:
+        below = max(multiple, math.floor(ideal / multiple) * multiple)
+        width = min(
+            (below, below + multiple), key=lambda w: abs(family.count(w, **resolved) - params)
+        )
+        count = family.count(width, **resolved)
+        if abs(count - params) <= TOLERANCE * params:
+            break
     if abs(count - params) > TOLERANCE * params:
         raise HarnessError(
             f"{kind}: no width gets within {TOLERANCE:.0%} of {params:,} parameters with "

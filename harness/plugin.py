@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import baseline, compare, devices, fingerprint, isolation
+from harness import baseline, claims, compare, devices, fingerprint, isolation, warned
 from harness.claims import catalogue, unknown_ids
 from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
 from harness.record import Record
-from harness.table import render
+from harness.table import cap, render
 from harness.tracking import DEFAULT_EXPERIMENT, MlflowSink, Running, redact, resolve_uri
 from harness.verdicts import CAPABILITY_REGRESSION
 
@@ -104,6 +104,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(WORKER_FLAG, default=None, help=argparse.SUPPRESS)  # internal: a worker
     parser.addini(
         "amp_scenarios", "folder of scenario modules, relative to rootdir", default="scenarios"
+    )
+    parser.addini(
+        "amp_claims",
+        "the project's claim catalogue, relative to rootdir (default: amp_scenarios/claims.toml)",
+        default="",
     )
 
 
@@ -296,13 +301,16 @@ def pytest_configure(config: pytest.Config) -> None:
         "timing: measures speed or memory; refuses to share its device with other xdist workers",
     )
     _pin_gpu(config)
+    scenarios = (config.rootpath / config.getini("amp_scenarios")).resolve()
+    # The project's own claims, beside its scenarios; a nested session restores the outer's.
+    project = config.getini("amp_claims") or Path(scenarios, claims.PROJECT_FILE)
+    config.add_cleanup(claims.use_project(config.rootpath / project))
     try:
         device = devices.resolve(config.getoption("amp_device"))
         catalogue()  # a malformed catalogue stops the session here, with its file and field
     except HarnessError as exc:
         raise pytest.UsageError(str(exc)) from None
     reports = Path(config.getoption("amp_reports") or config.rootpath / "reports")
-    scenarios = (config.rootpath / config.getini("amp_scenarios")).resolve()
     config.stash[_STATE] = AmpSession(config, device, reports.resolve(), scenarios)
 
 
@@ -549,6 +557,34 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Torch's warnings during a scenario are kept with its record, not made errors
+    (harness.warned says why and which warnings count as torch's)."""
+    if _RECORD not in item.stash:
+        return (yield)
+    kept: list[str] = []
+    try:
+        with warned.torch_warnings_kept() as kept:
+            return (yield)
+    finally:
+        if kept:
+            _keep_torch_warnings(item.stash[_RECORD], kept)
+
+
+def _keep_torch_warnings(record: Record, kept: list[str]) -> None:
+    """In the record: a count, the messages (a param), and a sentence after each verdict's
+    evidence, so that the verdict is read knowing torch warned."""
+    record.metric(torch_warnings=len(kept))
+    record.param(torch_warnings=cap(" | ".join(kept), "left out", chars=warned.PARAM_CHARS))
+    more = f" (and {len(kept) - 1} more, in the param torch_warnings)" if len(kept) > 1 else ""
+    for verdict in record.verdicts.values():
+        verdict.evidence += (
+            f" [torch {torch.__version__} warned during this test, recorded and not fatal: "
+            f"{kept[0]}{more}]"
+        )
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     if _RECORD not in item.stash:
@@ -616,6 +652,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if records:
         terminalreporter.write(render(records, writer.fullwidth, writer.hasmarkup))
     terminalreporter.write_line(f"journal: {state.journal.path}")
+    for record in records:
+        if "torch_warnings" in record.params:
+            terminalreporter.write_line(
+                f"torch warned in {record.test} (recorded with it, not fatal): "
+                f"{cap(record.params['torch_warnings'], 'in its record', chars=300, lines=1)}",
+                yellow=True,
+            )
     for message in dict.fromkeys(state.journal_warnings):
         terminalreporter.write_line(f"journal: {message}", yellow=True)
     if state.journal_down:

@@ -80,6 +80,17 @@ class Record:
         for name, value in values.items():
             self.metrics[_key(name)] = float(value)
 
+    def key_metric(self, **values: float) -> None:
+        """Metrics that say which way the behaviour went (a threshold, a step, a count), not how
+        fast or how close: the report and `amp-harness baseline changes` hold them side by side
+        across environments and mark those that differ. Named in the param `key_metrics`."""
+        self.metric(**values)
+        named = [name for name in self.params.get(KEY_METRICS, "").split(",") if name]
+        self.params[KEY_METRICS] = ",".join(dict.fromkeys(named + [_key(k) for k in values]))
+
+    def key_metrics(self) -> dict[str, float]:
+        return key_metrics(self.params, self.metrics)
+
     def history(self, prefix: str = "", **series) -> None:
         """Per-step arrays (loss=[...], scale=[...]); sent to MLflow in one batch per test."""
         for name, values in series.items():
@@ -179,6 +190,15 @@ _FIELDS = {
     "ended": "number",
 }
 _VERDICT_FIELDS = {"claim": "text", "verdict": "text", "evidence": "text"}
+
+
+KEY_METRICS = "key_metrics"  # the param that names a test's key metrics, comma-separated
+
+
+def key_metrics(params: dict[str, str], metrics: dict[str, float]) -> dict[str, float]:
+    """The key metrics (Record.key_metric) among `metrics`, by the names `params` holds."""
+    names = [name for name in params.get(KEY_METRICS, "").split(",") if name]
+    return {name: metrics[name] for name in names if name in metrics}
 
 
 def _read(evidence: str) -> tuple[list[str], list[str]]:

@@ -52,9 +52,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import harness
-from harness import table, tracking, verdicts
+from harness import differences, record, table, tracking, verdicts
 from harness.claims import catalogue
 from harness.errors import HarnessError
+from harness.releases import version_key
 from harness.table import cap
 
 # Tags harness.tracking writes; runs logged by older versions have none of them.
@@ -166,6 +167,9 @@ def build(
         (claim, [_cell(claim.id, env, link) for env in environments])
         for claim in catalogue().values()
     ]
+    differ = differences.find(
+        (claim.id for claim in catalogue().values()), _columns_compared(environments, ledger)
+    )
     built = time.time()
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -188,6 +192,7 @@ def build(
             "environments": environments,
             "counts": counts,
             "ledger": ledger,
+            "differences": differ,
             "uncovered": _uncovered(runs),
             "regressions": [_capability_regressions(env) for env in environments],
             "unknown": _unknown_claims(runs),
@@ -348,8 +353,17 @@ def _latest_sessions(runs: list, link) -> list[Environment]:
             )
             for session in shown
         ]
-    # By label, then the environment (so that its two columns stay side by side), then time.
-    environments.sort(key=lambda env: (env.label, sorted(env.facts.items()), env.started))
+    # By hardware, then torch release as numbers (2.4 before 2.13), then the environment (so
+    # that its two columns stay side by side), then time.
+    environments.sort(
+        key=lambda env: (
+            fingerprint.hardware(defaultdict(lambda: "n/a", env.facts)),
+            version_key(env.facts.get("torch", "")),
+            env.label,
+            sorted(env.facts.items()),
+            env.started,
+        )
+    )
     _disambiguate(environments)
     return environments
 
@@ -438,6 +452,38 @@ def _cell(claim: str, env: Environment, link) -> Cell:
             )
         )
     return Cell(verdicts.aggregate(statuses), entries)
+
+
+def _columns_compared(
+    environments: list[Environment], ledger: list[tuple]
+) -> list[differences.Column]:
+    """The complete columns as harness.differences compares them: the verdicts that stand and
+    the key metrics of each test. An incomplete column says too little to differ."""
+    columns = []
+    for index, env in enumerate(environments):
+        if env.incomplete:
+            continue
+        cells = {claim.id: cells[index] for claim, cells in ledger}
+        columns.append(
+            differences.Column(
+                label=env.heading,
+                device=env.facts.get("device", "?"),
+                torch=env.facts.get("torch", "0.0"),
+                verdicts={c: cell.verdict.label for c, cell in cells.items() if _stands(cell)},
+                tests={
+                    run.data.tags.get("amp.test", run.info.run_name): (
+                        run.data.tags.get("claims", "").split(","),
+                        record.key_metrics(run.data.params, run.data.metrics),
+                    )
+                    for run in env.tests
+                },
+            )
+        )
+    return columns
+
+
+def _stands(cell: Cell) -> bool:
+    return cell.verdict is not None and cell.verdict.stands
 
 
 def _capability_regressions(env: Environment) -> list[tuple[str, str, str]]:
@@ -596,6 +642,11 @@ def _markdown(context: dict) -> str:
             for env, cell in zip(environments, cells, strict=True)
         ]
         lines.append(f"| {claim.id} | " + " | ".join(row) + " |")
+    lines += ["", "## Differences between environments", ""]
+    lines += [
+        f"- **{cid}**: {_md(difference.summary())}"
+        for cid, difference in context["differences"].items()
+    ] or ["The environments agree on every claim they decided, key metrics included."]
     regressions = [
         f"- {_md(env.heading)}: {_md(what)} (tests {_md(tests)}; claims {_md(claims)})"
         for env, found in zip(environments, context["regressions"], strict=True)

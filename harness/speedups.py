@@ -8,6 +8,11 @@ test_speed.py's matmul comparison follows too with an A/A arm of its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
 from harness import recipes
 from harness.devices import DeviceInfo
 from harness.measure import Comparison, Ratio
@@ -47,12 +52,15 @@ def control_state(ratio: Ratio, threshold: float) -> str:
     - 'differs': identical arms told apart (the interval excludes 1 and leaves CONTROL_BAND):
       the timing is biased; the scenario fails on it, and no verdict rests on the comparison;
     - 'too wide': identical arms not told apart, but the interval reaches beyond
-      [1/threshold, threshold]: the noise of identical arms is as large as the gain decided, so
-      the verdicts resting on the comparison are `inconclusive`;
+      [1/threshold, threshold] (or rests on too few rounds to mean anything): the noise of
+      identical arms is as large as the gain decided, so the verdicts resting on the comparison
+      are `inconclusive`;
     - 'holds': the interval lies within (1/threshold, threshold) and contains 1 or lies within
       CONTROL_BAND: the comparison decides."""
     if threshold <= CONTROL_BAND[1]:
         raise ValueError(f"a control guards gains above {CONTROL_BAND[1]}x, not {threshold}x")
+    if not ratio.enough_rounds:  # its interval means nothing either way (measure.min_rounds)
+        return "too wide"
     band_low, band_high = CONTROL_BAND
     if not (ratio.low <= 1.0 <= ratio.high or band_low < ratio.low <= ratio.high < band_high):
         return "differs"
@@ -88,6 +96,81 @@ def guarded(
     if control_state(control, threshold) == "holds":
         return verdict, f"{reason}; {note}"
     return "inconclusive", f"{reason}; inconclusive although the intervals say {verdict}: {note}"
+
+
+def training_step(
+    precision: recipes.Precision,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    keep_grads: bool = False,
+) -> None:
+    """One bare training step of a language model through the recipe's verbs, as timing and
+    memory passes run it: none of harness.train's monitoring (no gradient norm, no get_scale(),
+    no .item()) and no synchronisation: the timer synchronises once, at the end of its region.
+    The loss is taken on fp32 logits in every recipe (autocast would cast them anyway).
+
+    keep_grads: zero the gradients in place before the step and keep them allocated (the memory
+    model counts them); else free them after it, so several arms' models fit side by side."""
+    if keep_grads:
+        optimizer.zero_grad(set_to_none=False)
+    with precision.forward():
+        loss = F.cross_entropy(model(tokens).flatten(0, 1).float(), targets.flatten())
+    precision.backward(loss)
+    precision.update(optimizer)
+    if not keep_grads:
+        optimizer.zero_grad(set_to_none=True)
+
+
+# A skipped step (GradScaler found inf/NaN at its first, too large scale) creates no AdamW state;
+# each skip halves the scale, so a few steps reach one that is taken.
+WARMUP_STEPS_MAX = 8
+
+
+def unstepped(optimizer: torch.optim.Optimizer) -> int:
+    """How many trained parameters have no optimizer state yet: AdamW creates its moments at the
+    first step it takes, so a timing or memory window after a skipped warm-up would include it."""
+    return sum(
+        1
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if p.requires_grad and not optimizer.state.get(p)
+    )
+
+
+def warm_up(
+    step: Callable[[], object],
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None = None,
+) -> int:
+    """Call `step` until `optimizer` holds state for every trained parameter and the last step
+    was not skipped by `scaler` (its scale did not fall), at most WARMUP_STEPS_MAX times; the
+    steps run. Assert `unstepped(optimizer) == 0` afterwards: a scaler that skips every step
+    leaves it above 0. The scale is read here, outside any timed region."""
+    for calls in range(1, WARMUP_STEPS_MAX + 1):
+        before = scaler.get_scale() if scaler is not None else None
+        step()
+        taken = scaler is None or scaler.get_scale() >= before
+        if taken and not unstepped(optimizer):
+            return calls
+    return WARMUP_STEPS_MAX
+
+
+def skipped_while_timed(scales: dict[str, float], precisions: dict[str, recipes.Precision]):
+    """Arms whose GradScaler scale fell since `scales` (read after the warm-up): steps skipped
+    inside the timed rounds, which would time a step without its optimizer update. Growth needs
+    2000 clean steps in a row, so within a comparison a scale only falls by skipping."""
+    return {
+        arm: (scales[arm], precisions[arm].scaler.get_scale())
+        for arm in scales
+        if precisions[arm].scaler.get_scale() < scales[arm]
+    }
+
+
+def scales(precisions: dict[str, recipes.Precision]) -> dict[str, float]:
+    """Each scaler arm's current loss scale (read after the warm-up, outside the timing)."""
+    return {arm: p.scaler.get_scale() for arm, p in precisions.items() if p.scaler is not None}
 
 
 def tf32_flags(device: DeviceInfo) -> dict[str, bool]:

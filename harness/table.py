@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness import verdicts
-from harness.claims import catalogue
+from harness.claims import ARTICLE, VERDICTS, Claim, catalogue
 from harness.record import Record
 
 VERDICT_STYLE = {
@@ -34,6 +34,7 @@ KIND_STYLE = {verdicts.FAILED: "bold red", verdicts.REGRESSION: "bold red revers
 EVIDENCE_CHARS = 1500
 EVIDENCE_LINES = 12
 IN_THE_JOURNAL = "in the journal and record.json"
+SOURCE_CHARS = 48  # a claim's source under its ID: enough to recognise it, the rest in `list`
 
 
 def cap(text: str, where: str, chars: int = EVIDENCE_CHARS, lines: int = EVIDENCE_LINES) -> str:
@@ -83,16 +84,43 @@ def _style(label: str) -> str:
     return VERDICT_STYLE.get(label, "yellow")  # "mixed (...)": tests disagree
 
 
+def _claim_cell(claim_id: str, claim: Claim | None) -> Text:
+    """The ID, and under it where a claim from beyond the article comes from (a paper, an issue,
+    a team decision): the article's claims, the table's default, keep one line."""
+    cell = Text(claim_id)
+    if claim is not None and claim.catalogue != ARTICLE:
+        source = " ".join(claim.source.split())
+        if len(source) > SOURCE_CHARS:
+            source = source[: SOURCE_CHARS - 1].rstrip() + "\u2026"
+        cell.append(f"\n{source}", "dim")
+    return cell
+
+
+def _against_expected(label: str, claim: Claim | None) -> str:
+    """A decided verdict other than the one the claim's catalogue expects says so."""
+    expected = claim.expected if claim is not None else None
+    if expected and label in VERDICTS and label not in (expected, "skipped"):
+        return f"{label} (expected {expected})"
+    return label
+
+
 def render(records: list[Record], width: int, color: bool) -> str:
     devices = sorted({record.device for record in records})
     table = Table(title=f"amp-harness verdicts on {'; '.join(devices)}", expand=True)
-    table.add_column("claim", no_wrap=True)
+    table.add_column("claim", max_width=24, overflow="fold")
     table.add_column("verdict", max_width=24, overflow="fold")
     table.add_column("evidence", ratio=1, overflow="fold")  # the evidence gets the room
     table.add_column("device", max_width=16, overflow="fold")
+    known = catalogue()
     for claim, verdict, evidence, device in verdict_rows(records):
         # Text, never markup: evidence and test ids carry brackets.
-        table.add_row(claim, Text(verdict), Text(evidence), Text(device), style=_style(verdict))
+        table.add_row(
+            _claim_cell(claim, known.get(claim)),
+            Text(_against_expected(verdict, known.get(claim))),
+            Text(evidence),
+            Text(device),
+            style=_style(verdict),
+        )
     out = io.StringIO()
     console = Console(file=out, width=width, force_terminal=color, no_color=not color)
     console.print(table)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from harness import verdicts
+from harness import claims, verdicts
 from harness.errors import HarnessError
 from harness.journal import Journal, Session
 from harness.record import Record
@@ -440,9 +440,12 @@ class MlflowSink:
             "outcome.message": record.message,
             **_env_tags(session),
         }
+        known = claims.catalogue()
         for v in record.verdicts.values():
             tags[f"verdict.{v.claim}"] = v.verdict  # as recorded, before the outcome was known
             tags[f"evidence.{v.claim}"] = v.evidence
+            if v.claim in known:  # where the claim comes from: the article, a paper, a team
+                tags[f"source.{v.claim}"] = known[v.claim].source
         for claim, found in verdicts.of_record(record).items():
             tags[f"status.{claim}"] = found.label  # what counts: "failed (was: partly)", ...
         run_id = self.client.create_run(

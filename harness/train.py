@@ -6,18 +6,24 @@ binds it to a device and enters it:
     with recipes.get("amp-fp16").bind(device) as precision:
         history = train(model, precision, task, steps=200, lr=1e-3)
         metrics = evaluate(model, precision, task)
+
+Two hooks let a scenario observe or bend the loop without copying it: `loss_multiplier` (the
+backward runs on loss x multiplier: small gradients, as late in training or with a summed loss
+over few elements) and `on_step(model, report)`, called after each optimizer step while the
+step's unscaled gradients are still in `.grad` (harness.probes.StepGradients keeps their stats).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from harness.data import Task
 from harness.errors import HarnessError, closest
-from harness.recipes import Precision
+from harness.recipes import Precision, StepReport
 
 OPTIMIZERS = ("adamw", "sgd")
 
@@ -47,10 +53,15 @@ def train(
     optimizer: str = "adamw",
     seed: int = 0,
     clip_norm: float | None = None,
+    loss_multiplier: float = 1.0,
+    on_step: Callable[[torch.nn.Module, StepReport], None] | None = None,
 ) -> History:
     """Train `model` in place for `steps` steps; `seed` picks the training batches.
 
-    Training goes on after a non-finite loss: the scenarios observe divergence, not avoid it.
+    Backward runs on the task's loss times `loss_multiplier` (the history keeps the task's
+    loss); `on_step(model, report)` is called after each step, with the step's gradients still
+    in `.grad` (unscaled). Training goes on after a non-finite loss: the scenarios observe
+    divergence, not avoid it.
     """
     # AMP step 1: move (and for "half", cast) the model before the optimizer sees its parameters,
     # so the optimizer holds the tensors that are actually trained.
@@ -74,8 +85,9 @@ def train(
             loss = task.loss(out, y)
 
         opt.zero_grad(set_to_none=True)
-        # AMP step 3: backward, on the loss multiplied by the scale when the recipe has a scaler.
-        precision.backward(loss)
+        # AMP step 3: backward, on the loss multiplied by the scale when the recipe has a scaler
+        # (and by the caller's multiplier, which no scaler knows about).
+        precision.backward(loss * loss_multiplier if loss_multiplier != 1.0 else loss)
         # AMP step 4: unscale, measure the gradient norm, clip, step (or skip on inf/NaN) and
         # update the scale.
         report = precision.step(opt, clip_norm)
@@ -87,6 +99,8 @@ def train(
         history.scale.append(report.scale)
         history.skipped.append(report.skipped)
         history.grad_norm.append(report.grad_norm)
+        if on_step is not None:  # after the clock: an observer's cost is not the step's
+            on_step(model, report)  # the gradients of this step are still in .grad
     return history
 
 

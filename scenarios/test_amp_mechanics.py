@@ -3,8 +3,8 @@
 Claims: AMP-FWD-FP16, AMP-BWD-FP16, AMP-MASTER-FP32, AMP-AUTO-DTYPE, AMP-NORM-FP32,
 API-DEPRECATED.
 
-Shown with forward hooks (and gradient hooks on their outputs) on a small probe model, a table
-of single ops, and a log of the casts autocast makes:
+Shown with harness.probes (forward and gradient hooks, a log of the aten ops) on a small probe
+model, a table of single ops, and a log of the casts autocast makes:
 - the forward pass is not all fp16: matmuls are, the loss (and on CUDA the ops on the fp32 list:
   layer_norm, softmax, exp, ...) is fp32;
 - backward's matmuls run on fp16 inputs wherever the forward matmul did (a dispatch mode logs
@@ -13,7 +13,9 @@ of single ops, and a log of the casts autocast makes:
   autocast's fp16 weight copies are made inside the region and are gone after the step;
 - the dtype is chosen per op (lowered, promoted to fp32, or the input's), by per-device lists;
 - no norm op is promoted on the CPU; on CUDA layer_norm and group_norm are, batch_norm is not
-  (fp16 output, fp32 weights and running statistics);
+  (fp16 output, fp32 weights and running statistics); rms_norm is recorded beside them: on
+  CUDA's fp32 list from torch 2.12, and on the CPU an nn.RMSNorm with fp32 weight returns
+  float32 before torch 2.7, float16 since (harness.releases);
 - the article's `torch.cuda.amp` API works but warns, and its GradScaler silently disables
   itself where there is no CUDA.
 """
@@ -24,16 +26,14 @@ import warnings
 import weakref
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
-from harness import recipes
+from harness import probes, recipes, releases
 
 F16, F32 = torch.float16, torch.float32
 
@@ -77,51 +77,6 @@ def _probe_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 8, generator=generator), torch.rand(8, 4, generator=generator)
 
 
-# The aten ops that multiply matrices or convolve: where backward does its arithmetic, and what
-# "backward computes in FP16" is about. Every device dispatches them under these names (cuBLAS and
-# cuDNN are the CUDA kernels behind the same aten ops), so one list serves CPU and CUDA.
-_MATMULS = frozenset(
-    getattr(torch.ops.aten, name)
-    for name in ("mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot")
-) | {torch.ops.aten.convolution_backward}
-
-
-@dataclass(frozen=True)
-class _Op:
-    name: str  # "mm"
-    inputs: tuple[torch.dtype, ...]  # dtypes of its floating-point tensor arguments
-    output: torch.dtype | None  # of its (first) tensor result
-    matmul: bool
-
-
-class _OpLog(TorchDispatchMode):
-    """Every aten op run while the mode is on, with the dtypes its kernel is given. Autocast is
-    dispatched before the Python key, so these are the dtypes after autocast's casts; the autograd
-    engine carries the mode into its device threads, so a CUDA backward is logged as well."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[_Op] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        inputs = tuple(
-            t.dtype
-            for t in tree_leaves((args, kwargs or {}))
-            if isinstance(t, torch.Tensor) and t.is_floating_point()
-        )
-        out = func(*args, **(kwargs or {}))
-        first = next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor)), None)
-        self.ops.append(
-            _Op(
-                func.__name__.split(".")[0],
-                inputs,
-                None if first is None else first.dtype,
-                func.overloadpacket in _MATMULS,
-            )
-        )
-        return out
-
-
 @dataclass
 class _Observed:
     """Dtypes seen in one forward and backward pass, per module name (the loss is `mse_loss`),
@@ -130,14 +85,14 @@ class _Observed:
     outputs: dict[str, torch.dtype] = field(default_factory=dict)
     grad_outputs: dict[str, torch.dtype] = field(default_factory=dict)
     param_grads: dict[str, torch.dtype] = field(default_factory=dict)
-    backward_ops: list[_Op] = field(default_factory=list)
+    backward_ops: list[probes.Op] = field(default_factory=list)
 
-    def backward_matmuls(self, dtype: torch.dtype | None = None) -> list[_Op]:
+    def backward_matmuls(self, dtype: torch.dtype | None = None) -> list[probes.Op]:
         """The backward matmuls, or those whose inputs were all `dtype`."""
         mms = [op for op in self.backward_ops if op.matmul]
         return mms if dtype is None else [op for op in mms if set(op.inputs) == {dtype}]
 
-    def backward_upcasts(self) -> list[_Op]:
+    def backward_upcasts(self) -> list[probes.Op]:
         """Casts of fp16 gradients to fp32 in backward: where autocast's fp16 weight copies hand
         their gradients to the fp32 parameters."""
         return [
@@ -147,29 +102,28 @@ class _Observed:
         ]
 
 
-def _watch(seen: _Observed, name: str, _module, _inputs, out: torch.Tensor) -> None:
-    """Forward hook: the output's dtype now, the dtype of the gradient reaching it later."""
-    seen.outputs[name] = out.dtype
-    out.register_hook(lambda grad: seen.grad_outputs.__setitem__(name, grad.dtype))
-
-
 def _observe(recipe: str, amp_device) -> _Observed:
-    """One forward (under the recipe's autocast, if any) and backward of the probe model."""
-    seen = _Observed()
+    """One forward (under the recipe's autocast, if any) and backward of the probe model: each
+    module's output dtype and the dtype of the gradient reaching it (harness.probes.outputs),
+    and the aten ops backward ran (harness.probes.OpLog)."""
     loss_fn = nn.MSELoss()
     with recipes.get(recipe).bind(amp_device) as precision:
         model = precision.prepare(_probe_model())
-        modules = [*model.named_children(), ("mse_loss", loss_fn)]
-        for name, module in modules:
-            module.register_forward_hook(partial(_watch, seen, name))
         x, y = (precision.cast_input(t) for t in _probe_batch())
-        with precision.forward():
-            loss = loss_fn(model(x), y)
-        with _OpLog() as log:
-            precision.backward(loss)
-    seen.backward_ops = log.ops
-    seen.param_grads = {n: p.grad.dtype for n, p in model.named_parameters()}
-    return seen
+        with probes.outputs([*model.named_children(), ("mse_loss", loss_fn)]) as outputs:
+            with precision.forward():
+                out = model(x)
+                # A .half() model's loss in fp32, as half training computes it (torch 2.5 has
+                # no CPU mse_backward kernel for Half); autocast runs mse_loss in fp32 itself.
+                loss = loss_fn(out.float(), y.float()) if recipe == "half" else loss_fn(out, y)
+            with probes.OpLog() as log:
+                precision.backward(loss)
+    return _Observed(
+        outputs={name: seen.dtype for name, seen in outputs.items()},
+        grad_outputs={name: seen.grad_dtype for name, seen in outputs.items() if seen.grad_dtype},
+        param_grads={n: p.grad.dtype for n, p in model.named_parameters()},
+        backward_ops=log.ops,
+    )
 
 
 def _by_dtype(dtypes: dict[str, torch.dtype], dtype: torch.dtype) -> list[str]:
@@ -225,7 +179,7 @@ def test_forward_is_not_all_fp16(record, amp_device):
     assert set(plain.values()) == {F32}, f"AMP-FWD-FP16: without autocast, got {plain}"
 
 
-def _dtypes_of(ops: list[_Op]) -> str:
+def _dtypes_of(ops: list[probes.Op]) -> str:
     """`3 x mm(float16, float16) -> float16`: the ops with the dtypes their kernels were given
     and returned, counted."""
     counted = Counter(
@@ -566,24 +520,45 @@ _NORMS_PREDICTED = {
 
 def _norm_dtypes(recipe: str, amp_device) -> tuple[dict[str, torch.dtype], nn.BatchNorm1d]:
     """Output dtype of each norm in one training-mode forward, and the BatchNorm after it."""
-    dtypes: dict[str, torch.dtype] = {}
     with recipes.get(recipe).bind(amp_device) as precision:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             model = precision.prepare(_Norms())
-        for name in _NORMS:
-            getattr(model, name).register_forward_hook(
-                lambda _m, _in, out, name=name: dtypes.__setitem__(name, out.dtype)
-            )
-        with precision.forward():
+        watched = [(name, getattr(model, name)) for name in _NORMS]
+        with probes.outputs(watched) as seen, precision.forward():
             model(precision.cast_input(_probe_batch()[0]))
-    return dtypes, model.batch_norm
+    return {name: seen[name].dtype for name in _NORMS}, model.batch_norm
+
+
+# rms_norm joined CUDA autocast's fp32 list in torch 2.12 (pytorch/pytorch#174824: `_(rms_norm)`
+# in AT_FORALL_FP32, aten/src/ATen/autocast_mode.h); the CPU lists hold no norm. Its dtype is
+# recorded on every run, so that the ledger shows the change across releases. It is asserted on
+# the CPU, where the releases measured differ too (RMS_NORM_OUTPUT: float32 before 2.7, float16
+# since); on CUDA the change has been read about, not yet measured on both sides (a GPU run of
+# 2.11 and of 2.12+ would make it an entry of harness.releases, and a prediction).
+_RMS_NORM_CUDA_FP32_SINCE = "2.12"
+RMS_NORM_OUTPUT = "rms-norm-mixed-dtype-output"
+
+
+def _rms_norm_dtype(amp_device) -> tuple[torch.dtype, list[str]]:
+    """The output dtype of an nn.RMSNorm fed a Linear's fp16 output under fp16 autocast, and
+    the warnings it emitted: an fp16 input beside the fp32 weight misses the fused kernel, and
+    torch says so (a UserWarning, which the project's warnings-as-errors would raise)."""
+    with recipes.get("amp-fp16-noscaler").bind(amp_device) as precision:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            linear, norm = (precision.prepare(m) for m in (nn.Linear(8, 16), nn.RMSNorm(16)))
+        with precision.forward(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = norm(linear(precision.cast_input(_probe_batch()[0])))
+    return out.dtype, [str(w.message).split(" (Triggered internally")[0] for w in caught]
 
 
 @pytest.mark.claim("AMP-NORM-FP32")
 @pytest.mark.requires("fp16_autocast", "half_training")
 def test_norms_under_fp16_autocast(record, amp_device):
     amp, bn = _norm_dtypes("amp-fp16-noscaler", amp_device)
+    rms, rms_warnings = _rms_norm_dtype(amp_device)
     # Negative control: a .half() BatchNorm keeps its running statistics in fp16.
     _, half_bn = _norm_dtypes("half", amp_device)
     stats = {
@@ -595,9 +570,18 @@ def test_norms_under_fp16_autocast(record, amp_device):
         **{f"dtype.{name}": _short(d) for name, d in amp.items()},
         **{f"dtype.batch_norm.{name}": _short(d) for name, d in stats.items()},
         half_running_var=_short(half_bn.running_var.dtype),
+        **{"dtype.rms_norm": _short(rms), "rms_norm.warnings": " | ".join(rms_warnings) or "none"},
     )
     in32 = _by_dtype(amp, F32)
     record.metric(norms=len(amp), norms_fp32=len(in32))
+    record.key_metric(rms_norm_fp32=int(rms == F32))  # the ledger marks where releases differ
+    rms_evidence = (
+        f"rms_norm output {_short(rms)} under torch {torch.__version__} (on CUDA's fp32 list "
+        f"from torch {_RMS_NORM_CUDA_FP32_SINCE}, on no CPU list)"
+        + (f", warning: {' | '.join(rms_warnings)}" if rms_warnings else "")
+    )
+    if amp_device.type == "cpu":
+        rms_evidence += f"; {releases.describe(RMS_NORM_OUTPUT, 'cpu')}"
 
     verdict = "refuted" if not in32 else "confirmed" if len(in32) == len(amp) else "partly"
     record.verdict(
@@ -608,7 +592,7 @@ def test_norms_under_fp16_autocast(record, amp_device):
         f"({_names(_by_dtype(amp, F16))}); BatchNorm running_mean/var "
         f"{_short(stats['running_mean'])}/{_short(stats['running_var'])}, weight "
         f"{_short(stats['weight'])} (after 1 training-mode forward); a .half() BatchNorm's "
-        f"running_var is {_short(half_bn.running_var.dtype)}",
+        f"running_var is {_short(half_bn.running_var.dtype)}; beside them, {rms_evidence}",
     )
     predicted = _NORMS_PREDICTED[amp_device.type]
     assert amp == predicted, (
@@ -622,6 +606,14 @@ def test_norms_under_fp16_autocast(record, amp_device):
         f"AMP-NORM-FP32: predicted float16 running_var in a .half() BatchNorm, got "
         f"{half_bn.running_var.dtype}"
     )
+    if amp_device.type == "cpu":
+        side = releases.behaviour(RMS_NORM_OUTPUT, "cpu")
+        predicted_rms = F32 if side == releases.BEFORE else F16
+        assert rms == predicted_rms, (
+            f"AMP-NORM-FP32: predicted a {_short(predicted_rms)} nn.RMSNorm output on the CPU "
+            f"(fp32 weight, fp16 input; no norm is on CPU autocast's lists), got {_short(rms)} "
+            f"({releases.describe(RMS_NORM_OUTPUT, 'cpu')})"
+        )
 
 
 # --- the article's API ---------------------------------------------------------------------
@@ -645,49 +637,75 @@ def _enter(context) -> None:
         pass
 
 
+def _article_api():
+    """The article's torch.cuda.amp module, or None where this torch has removed it (or its
+    autocast and GradScaler): announced since the FutureWarning of torch 2.4."""
+    amp = getattr(torch.cuda, "amp", None)
+    return amp if hasattr(amp, "autocast") and hasattr(amp, "GradScaler") else None
+
+
 @pytest.mark.claim("API-DEPRECATED")
 def test_article_api_is_deprecated(record, amp_device):
     device = amp_device.type
-    # The article's imports.
-    _, old_autocast = _warnings_of(lambda: _enter(torch.cuda.amp.autocast()))
-    old_scaler, old_scaler_warnings = _warnings_of(lambda: torch.cuda.amp.GradScaler())
+    cuda = torch.cuda.is_available()
     # Negative control: the current API, device named.
     _, new_autocast = _warnings_of(lambda: _enter(torch.autocast(device_type=device)))
     new_scaler, new_scaler_warnings = _warnings_of(lambda: torch.amp.GradScaler(device))
     # The footgun: no device given means "cuda", silently disabled where there is none.
     default_scaler, _ = _warnings_of(lambda: torch.amp.GradScaler())
-    old_future = _future(old_autocast) + _future(old_scaler_warnings)
     new_future = _future(new_autocast) + _future(new_scaler_warnings)
-    enabled = {
-        "cuda_amp_no_device": old_scaler.is_enabled(),
-        "amp_no_device": default_scaler.is_enabled(),
-        "amp_device": new_scaler.is_enabled(),
-    }
+    enabled = {"amp_no_device": default_scaler.is_enabled(), "amp_device": new_scaler.is_enabled()}
+    current = (
+        f"torch.autocast and torch.amp.GradScaler({device!r}) emitted {len(new_future)} "
+        f"FutureWarnings; enabled: torch.amp.GradScaler() {enabled['amp_no_device']}, "
+        f"torch.amp.GradScaler({device!r}) {enabled['amp_device']} (CUDA available: {cuda})"
+    )
+    old_future: list[str] = []
+    article = _article_api()
+    if article is None:
+        # The article's code no longer runs: its API is refuted outright, not just deprecated.
+        verdict = "refuted"
+        evidence = (
+            f"the article's API is gone: torch {torch.__version__} has no "
+            f"torch.cuda.amp.autocast / GradScaler (deprecated with a FutureWarning since "
+            f"torch 2.4, now removed); {current}"
+        )
+    else:
+        # The article's imports.
+        _, old_autocast = _warnings_of(lambda: _enter(article.autocast()))
+        old_scaler, old_scaler_warnings = _warnings_of(lambda: article.GradScaler())
+        old_future = _future(old_autocast) + _future(old_scaler_warnings)
+        enabled["cuda_amp_no_device"] = old_scaler.is_enabled()
+        verdict = "partly" if old_future else "confirmed"
+        evidence = (
+            f"the article's torch.cuda.amp.autocast() and GradScaler() emitted {len(old_future)} "
+            f"FutureWarnings ({' | '.join(old_future) or 'none'}); torch.cuda.amp.GradScaler() "
+            f"enabled: {enabled['cuda_amp_no_device']}; {current}"
+        )
     record.param(
         **{f"warning.old.{i}": text for i, text in enumerate(old_future)},
         **{f"scaler_enabled.{how}": on for how, on in enabled.items()},
-        cuda_available=torch.cuda.is_available(),
+        article_api="present" if article else f"removed in torch {torch.__version__}",
+        cuda_available=cuda,
     )
-    record.metric(future_warnings_old_api=len(old_future), future_warnings_new_api=len(new_future))
+    record.metric(
+        future_warnings_new_api=len(new_future),
+        **({"future_warnings_old_api": len(old_future)} if article else {}),
+    )
+    record.verdict("API-DEPRECATED", verdict, evidence)
 
-    verdict = "partly" if old_future else "confirmed"
-    record.verdict(
-        "API-DEPRECATED",
-        verdict,
-        f"the article's torch.cuda.amp.autocast() and GradScaler() emitted {len(old_future)} "
-        f"FutureWarnings ({' | '.join(old_future) or 'none'}); torch.autocast and "
-        f"torch.amp.GradScaler({device!r}) emitted {len(new_future)}; enabled: "
-        f"torch.cuda.amp.GradScaler() {enabled['cuda_amp_no_device']}, torch.amp.GradScaler() "
-        f"{enabled['amp_no_device']}, torch.amp.GradScaler({device!r}) {enabled['amp_device']} "
-        f"(CUDA available: {torch.cuda.is_available()})",
+    assert not new_future, f"API-DEPRECATED: predicted none from the current API, got {new_future}"
+    assert enabled["amp_no_device"] == cuda, (
+        f"API-DEPRECATED: predicted the device-less torch.amp.GradScaler() enabled exactly when "
+        f"CUDA is available ({cuda}), got {enabled}"
     )
+    if article is None:
+        return  # removed, as announced: the verdict says so; nothing of it is left to check
     assert len(old_future) == 2, (
         f"API-DEPRECATED: predicted a FutureWarning from each of torch.cuda.amp.autocast and "
         f"GradScaler (torch >= 2.4), got {old_future}"
     )
-    assert not new_future, f"API-DEPRECATED: predicted none from the current API, got {new_future}"
-    cuda = torch.cuda.is_available()
-    assert enabled["cuda_amp_no_device"] == enabled["amp_no_device"] == cuda, (
-        f"API-DEPRECATED: predicted the device-less scalers enabled exactly when CUDA is "
+    assert enabled["cuda_amp_no_device"] == cuda, (
+        f"API-DEPRECATED: predicted torch.cuda.amp.GradScaler() enabled exactly when CUDA is "
         f"available ({cuda}), got {enabled}"
     )

@@ -12,7 +12,10 @@ per rank:
 - a rank whose gradients really underflow (2**-26 through an fp16 backward: 0) adds 0 to the
   average: every rank ends with the mean of the others', and only without the sync (`no_sync`)
   does rank 0 keep its zeros;
-- an inf on one rank reaches every rank, and every rank's GradScaler skips and backs off alike.
+- an inf on one rank reaches every rank, and every rank's GradScaler skips and backs off alike;
+  under FSDP2 (`fully_shard`, an fp16 MixedPrecisionPolicy) an inf in one rank's gradient shard
+  stops every rank's step too (ShardedGradScaler), rehearsed on gloo ranks so that the FSDP
+  part of the 2-GPU test runs on every runner.
 
 All experiments of one world size run in one launch (spawning ranks costs seconds); each test
 reads its part. Per-rank observations are logged as metrics `rank<N>/...`.
@@ -30,10 +33,15 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from harness import devices
+from harness import devices, releases
 from harness.distributed import RankContext, run_ranks
 
 WORLD_SIZES = (2, 4)
+# FSDP2 runs on CPU (gloo) ranks from torch 2.7. 2.6 made `fully_shard` public, but its
+# all-gather asks the CPU's torch.Stream for `record_event`, which 2.6 lacks (measured:
+# AttributeError on 2.6.0; the rehearsal runs on 2.7.1, 2.9.1, 2.13.0 and 2.14.1). Before 2.7
+# the rehearsal is a skip with that reason; from 2.7 on, an FSDP2 that fails is a failure.
+FSDP2_ON_CPU_SINCE = (2, 7)
 SIGNATURE_STEP = 2.0**-20  # fp32 keeps 1 + k * 2**-20; fp16 (10 mantissa bits) rounds it to 1
 FP16_SUBNORMAL = 2.0**-24  # the fp16 hook's candidates are multiples of it: cast exactly
 CANDIDATES = range(1, 9)  # k * 2**-24, k = 1..8, on every rank
@@ -191,9 +199,68 @@ def rank_experiments(ctx: RankContext) -> dict:
         "zero_rank": _zero_rank(ctx),
         "inf_rank": _inf_rank(ctx),
         "fp16_hook": _fp16_hook_flush(ctx),
+        "fsdp2": _or_error(fsdp2_inf_shard, ctx),
     }
     dist.barrier()
     return results
+
+
+def _or_error(experiment, ctx: RankContext) -> dict:
+    """The experiment's result, or what it raised: the newest API rehearsed here fails its own
+    test, not every test of the launch."""
+    try:
+        return experiment(ctx)
+    except Exception as exc:  # reported by the test that reads it
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def fsdp2_inf_shard(ctx: RankContext) -> dict:
+    """FSDP2 (`fully_shard`) under an fp16 MixedPrecisionPolicy, as a 2-GPU runner would run it,
+    rehearsed here on whatever ranks there are (gloo on the CPU): every rank holds an fp32 shard
+    of each parameter, computes in fp16, and reduces gradients in fp32 into fp32 shards. A clean
+    step steps every rank (the control); then an inf in rank 1's shard alone must stop every
+    rank's step, as ShardedGradScaler all-reduces its found-inf flag."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    except ImportError:  # torch < 2.6 has FSDP2 only as a private module
+        return {
+            "absent": f"torch {torch.__version__} has no public FSDP2 (torch.distributed.fsdp "
+            "has fully_shard and MixedPrecisionPolicy from 2.6)"
+        }
+    if ctx.device.type == "cpu" and releases.release() < FSDP2_ON_CPU_SINCE:
+        return {
+            "absent": f"torch {torch.__version__}'s FSDP2 does not run on CPU ranks (from 2.7: "
+            "its all-gather needs Stream.record_event, which the CPU stream lacks before)"
+        }
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).to(ctx.device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
+    for layer in model:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    computed: list[str] = []
+    model[0].register_forward_hook(lambda _m, _i, out: computed.append(str(out.dtype)))
+    # A calibrated start: the default 65536 overflows this model's fp16 gradients at once.
+    scaler = ShardedGradScaler(ctx.device.type, init_scale=1024.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps: list[int] = []
+    optimizer.register_step_pre_hook(lambda *_: steps.append(1))
+    observed = {}
+    for step, poisoned in enumerate((False, True)):
+        optimizer.zero_grad()
+        loss = model(torch.ones(2, 8, device=ctx.device)).float().sum()
+        scaler.scale(loss).backward()
+        weight = model[0].weight
+        observed.setdefault("shard", [str(weight.dtype), str(weight.grad.dtype)])
+        if poisoned and ctx.rank == 1:
+            for param in model.parameters():
+                param.grad.to_local().fill_(math.inf)  # this rank's shard only
+        scaler.step(optimizer)
+        scaler.update()
+        observed[f"steps_after_{step}"] = len(steps)
+        observed[f"scale_after_{step}"] = scaler.get_scale()
+    return {**observed, "computed": computed[0], "shards": len(weight.to_local())}
 
 
 # --- the tests -----------------------------------------------------------------------------
@@ -354,6 +421,54 @@ def test_an_inf_on_one_rank_is_skipped_by_every_scaler(ranks, record, amp_device
     )
     # Negative control: without the scaler the inf reaches every rank's parameters.
     assert not any(p["params_finite"] for p in plain), f"plain SGD kept finite params: {plain}"
+
+
+@pytest.mark.claim("PIT3-CHECK-BEFORE-STEP")
+@pytest.mark.requires("grad_scaler")
+def test_fsdp2_shards_skip_together(ranks, record):
+    """The FSDP part of the 2-GPU test, on gloo ranks: it runs on every CPU runner."""
+    fsdp = [r["fsdp2"] for r in ranks]
+    if "absent" in fsdp[0]:
+        pytest.skip(fsdp[0]["absent"])
+    errors = [f"rank {rank}: {f['error']}" for rank, f in enumerate(fsdp) if "error" in f]
+    assert not errors, f"PIT3-CHECK-BEFORE-STEP: FSDP2 fully_shard failed: {'; '.join(errors)}"
+    world = len(fsdp)
+    steps = [(f["steps_after_0"], f["steps_after_1"]) for f in fsdp]
+    scales = [(f["scale_after_0"], f["scale_after_1"]) for f in fsdp]
+    record.param(
+        world_size=world,
+        fsdp2_policy="MixedPrecisionPolicy(param_dtype=float16, reduce_dtype=float32)",
+        fsdp2_compute_dtype=fsdp[0]["computed"],
+        fsdp2_shard_dtypes="/".join(fsdp[0]["shard"]),
+    )
+    _per_rank(record, "fsdp2_optimizer_steps", [f["steps_after_1"] for f in fsdp])
+    _per_rank(record, "fsdp2_scale", [f["scale_after_1"] for f in fsdp])
+    # Step 0 is clean: every rank steps once (the control); step 1's inf on rank 1 stops all.
+    skipped = all(s == (1, 1) for s in steps) and all(b == a / 2 for a, b in scales)
+    record.verdict(
+        "PIT3-CHECK-BEFORE-STEP",
+        "refuted" if skipped else "confirmed",
+        f"FSDP2 fully_shard on {world} gloo ranks, fp16 compute ({fsdp[0]['computed']}) over "
+        f"{'/'.join(fsdp[0]['shard'])} parameter/gradient shards of {fsdp[0]['shards']} rows: "
+        f"optimizer.step() calls after a clean step and after an inf in rank 1's shard only "
+        f"{steps}, scales {scales} per rank: ShardedGradScaler skipped every rank, no check "
+        f"needed",
+    )
+    assert [f["shard"] for f in fsdp] == [["torch.float32", "torch.float32"]] * world, (
+        f"PIT3-CHECK-BEFORE-STEP: predicted fp32 parameter and gradient shards under the fp16 "
+        f"policy, got {[f['shard'] for f in fsdp]}"
+    )
+    assert all(f["computed"] == "torch.float16" for f in fsdp), (
+        f"PIT3-CHECK-BEFORE-STEP: predicted fp16 compute under the policy, got {fsdp}"
+    )
+    # Negative control: the clean step stepped every rank.
+    assert all(s[0] == 1 for s in steps), (
+        f"PIT3-CHECK-BEFORE-STEP: predicted every rank to step on a clean step, got {steps}"
+    )
+    assert skipped, (
+        f"PIT3-CHECK-BEFORE-STEP: predicted every FSDP2 rank to skip the step with an inf in "
+        f"rank 1's shard and halve its scale, got steps {steps}, scales {scales}"
+    )
 
 
 def _fp16_hook_prediction(world: int) -> list[float]:

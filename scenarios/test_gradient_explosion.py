@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness import recipes
+from harness import probes, recipes
 from harness.data import Task, make_task
 from harness.figures import training_curves
 from harness.models import build
@@ -119,19 +119,15 @@ def largest_fp16_gradient(model: nn.Module, task: Task, device: torch.device) ->
     overflows when s x max|g| leaves the fp16 range; the fp32 .grad themselves never overflow.
     """
     model = copy.deepcopy(model).to(device)
-    found: dict[str, float] = {}
-
-    def watch(name: str):
-        def hook(_module, _inputs, output: torch.Tensor) -> None:
-            output.register_hook(lambda grad: found.__setitem__(name, grad.abs().max().item()))
-
-        return hook
-
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear | nn.GELU):
-            module.register_forward_hook(watch(f"output of {name}"))
+    watched = [
+        (f"output of {name}", module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear | nn.GELU)
+    ]
     x, y = next(task.batches(BATCH))
-    task.loss(model(x.to(device)), y.to(device)).backward()
+    with probes.outputs(watched) as seen:
+        task.loss(model(x.to(device)), y.to(device)).backward()
+    found = {name: stats.grad_max_abs for name, stats in seen.items()}
     for name, p in model.named_parameters():
         found[f"{name}.grad"] = p.grad.abs().max().item()
     name = max(found, key=found.get)

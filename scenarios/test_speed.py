@@ -8,15 +8,19 @@ is decided at, the verdicts resting on that comparison are inconclusive and its 
 not asserted (harness.speedups.control_state).
 - FMT-SPEED: matmul throughput (8192 x 8192 x 8192, random inputs) in fp32, tf32, fp16, bf16 and,
   where the GPU and torch have it, fp8 (torch._scaled_mm): achieved TFLOP/s, the fraction of
-  the datasheet peak (harness.gpus), and the two ratios the article's "2-8x" can mean, fp16 over
-  strict fp32 (~15x at peak on A100/H100/H200) and over TF32 (2x at peak). A/A control: the fp16
-  matmul timed twice (the shortest arm, the noisiest relative to its time). Negative control: an
-  elementwise add is bound by memory, so fp16 speeds it up by moving half the bytes: <= 2x.
+  the datasheet peak (harness.gpus), and the two ratios the article's "about 2-8x" can mean,
+  fp16 over strict fp32 (~15x at peak on A100/H100/H200; the one the article means) and over
+  TF32 (2x at peak), each held against 2-8x with its edges widened by 25% (1.6-10x:
+  `verdict_fmt_speed`). A/A control: the fp16 matmul timed twice (the shortest arm, the noisiest
+  relative to its time). Negative control: an elementwise add is bound by memory, so fp16 speeds
+  it up by moving half the bytes: <= 2x.
 - PIT4-SMALL-NO-GAIN, PIT4-ONLY-ABOVE-1B: one training step (forward, backward, AdamW) of the
-  GPT-style transformer at 1M, 10M, 100M and 1B parameters, the same tokens per step, in each
-  recipe; AMP's speed-up over fp32 and over tf32 against the size, and the smallest size from
-  which it is significantly above 1.1x (`crossover` below). Negative control: the fp32
-  recipe timed against itself, which must come out at 1x.
+  GPT-style transformer at 1M, 10M, 100M and 1B parameters (attention heads multiples of 8
+  wide), the same tokens per step, in each recipe, timed bare (speedups.training_step: no
+  gradient norm, no scale read, one synchronisation a timed call) after a warm-up that has
+  created every arm's AdamW state; AMP's speed-up over fp32 and over tf32 against the size, and
+  the smallest size from which it is significantly above 1.1x (`crossover` below). Negative
+  control: the fp32 recipe timed against itself, which must come out at 1x.
 """
 
 from __future__ import annotations
@@ -28,12 +32,10 @@ from functools import partial
 
 import pytest
 import torch
-import torch.nn.functional as F
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-from torch import nn
 
-from harness import gpus, measure, models, recipes, speedups
+from harness import measure, models, recipes, speedups
 from harness.measure import Comparison, Ratio
 from harness.models import TOLERANCE
 
@@ -93,6 +95,8 @@ def crossover(
 
 
 def _band(ratio: Ratio, low: float, high: float) -> str:
+    if not ratio.enough_rounds:
+        return "straddles"  # an interval from too few rounds decides nothing
     if low <= ratio.low and ratio.high <= high:
         return "inside"
     if ratio.high < low:
@@ -102,38 +106,58 @@ def _band(ratio: Ratio, low: float, high: float) -> str:
     return "straddles"
 
 
+def about(band: tuple[float, float], tolerance: float) -> tuple[float, float]:
+    """The band an "about low-high x" allows: each edge widened by the factor 1 + tolerance."""
+    low, high = band
+    return low / (1 + tolerance), high * (1 + tolerance)
+
+
 def verdict_fmt_speed(
     vs_fp32: Ratio,
     vs_tf32: Ratio,
     band: tuple[float, float] = (2.0, 8.0),
     control: Ratio | None = None,
     control_threshold: float = 1.1,
+    tolerance: float = 0.25,
 ) -> tuple[str, str]:
-    """FMT-SPEED, "fp16 is 2-8x faster than fp32": (verdict, reason) from the fp16 matmul's
+    """FMT-SPEED, "fp16 is about 2-8x faster than fp32": (verdict, reason) from the fp16 matmul's
     speed-up over strict fp32 (the article's baseline) and over TF32 (PyTorch's other fp32).
 
+    "About" widens each edge of `band` by the factor 1 + `tolerance` (2-8x: 1.6-10x). The
+    article means strict IEEE fp32: its 2-8x are the pre-Ampere peak ratios (P100 2x, V100 8x),
+    from before TF32 existed, and PyTorch's fp32 matmuls run with TF32 off by default since 1.12.
+    TF32 is decided too: many an "fp32" baseline runs it (cuDNN's default, set_float32_matmul_
+    precision("high")).
+
     confirmed: the interval over fp32 lies inside the band; inconclusive: an interval straddles
-    a bound, or the comparison's A/A `control` does not hold against `control_threshold`;
-    partly: only the interval over TF32 lies inside; refuted: both lie outside."""
-    decision = _fmt_speed(vs_fp32, vs_tf32, band)
+    an edge (or rests on too few rounds), or the comparison's A/A `control` does not hold against
+    `control_threshold`; partly: only the interval over TF32 lies inside; refuted: both lie
+    outside."""
+    decision = _fmt_speed(vs_fp32, vs_tf32, band, tolerance)
     if control is None:
         return decision
     return speedups.guarded(decision, MATMUL_CONTROL, control, control_threshold)
 
 
-def _fmt_speed(vs_fp32: Ratio, vs_tf32: Ratio, band: tuple[float, float]) -> tuple[str, str]:
-    low, high = band
+def _fmt_speed(
+    vs_fp32: Ratio, vs_tf32: Ratio, band: tuple[float, float], tolerance: float
+) -> tuple[str, str]:
+    low, high = about(band, tolerance)
     where = {"fp32": _band(vs_fp32, low, high), "tf32": _band(vs_tf32, low, high)}
     said = {
         base: f"fp16 over {base} {r.describe()} "
-        f"{'' if where[base] == 'straddles' else 'is '}{where[base]} the {low:g}-{high:g}x band"
+        f"{'' if where[base] == 'straddles' else 'is '}{where[base]} the {low:.3g}-{high:.3g}x band"
         for base, r in (("fp32", vs_fp32), ("tf32", vs_tf32))
     }
-    reason = f"{said['fp32']}; {said['tf32']}"
+    reason = (
+        f"the article's about {band[0]:g}-{band[1]:g}x (each edge widened by {tolerance:.0%}) "
+        f"is read against strict fp32, TF32 off, the baseline it means: {said['fp32']}; "
+        f"{said['tf32']}"
+    )
     if where["fp32"] == "inside":
         return "confirmed", reason
     if where["fp32"] == "straddles" or where["tf32"] == "straddles":
-        return "inconclusive", reason + ": an interval straddles a bound of the band"
+        return "inconclusive", reason + ": an interval straddles an edge of the band"
     if where["tf32"] == "inside":
         return "partly", reason + ": the article's range holds against TF32 only"
     return "refuted", reason + ": outside the band against both baselines"
@@ -263,7 +287,11 @@ MATMUL_ROUNDS, MATMUL_WARMUP = 20, 3
 MATMUL_CONTROL = "fp16-again_over_fp16"  # the A/A control: the fp16 arm timed a second time
 ADD_NUMEL = 2**27  # 512 MiB per fp32 tensor: far past the L2 cache, bound by memory bandwidth
 ADD_ROUNDS, ADD_WARMUP = 30, 3
-SPEED_BAND = (2.0, 8.0)  # the article's "2-8x"
+SPEED_BAND = (2.0, 8.0)  # the article's "about 2-8x"
+# "About": each edge widened by 25% (1.6-10x), the tolerance the headline claims get too
+# (test_memory_speed.py's TOTAL_MATCH and SPEED_BAND): datasheet ratios are peaks, and a GEMM
+# reaches 70-90% of each format's, so a measured ratio lands within ~25% of the peak ratio.
+SPEED_TOLERANCE = 0.25
 # Half the bytes buys at most 2x on a memory-bound op; 2.5 leaves room for its interval. A
 # compute-bound matmul that gains more than this gains from the tensor cores' math.
 MEMORY_BOUND_MAX = 2.5
@@ -333,7 +361,11 @@ def _of_peak(achieved: float, peak: float | None, unit: str) -> str:
 @pytest.mark.claim("FMT-SPEED")
 @pytest.mark.requires("cuda", "tf32")
 def test_half_precision_matmul_speed(record, amp_device, benchmark):
-    gpu = gpus.spec(amp_device.name)
+    # By name and the figures that tell variants apart (an H200 NVL has 84% of an SXM
+    # H200's peaks): a datasheet's peaks are used only where the entry is sure.
+    found = amp_device.datasheet()
+    gpu = found.spec if found and found.sure else None
+    how = found.how if found else "the CPU has no datasheet entry"
     # fp8 is timed where the GPU and torch have it; expected there (sm_89+) and broken, the
     # test fails as a capability regression (harness.devices.EXPECTED).
     fp8_lack = amp_device.optional("fp8_matmul")
@@ -356,12 +388,15 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
         strict_flags = recipes.tf32_flags()
     record.param(
         gpu=amp_device.name,
-        datasheet=f"{gpu.name}: {gpu.source}" if gpu else "not in harness/gpus.json",
+        datasheet=f"{how}: {gpu.source}" if gpu else how,
         matmul_shape=f"{MATMUL_N}x{MATMUL_N}x{MATMUL_N}",
         matmul_rounds=MATMUL_ROUNDS,
         add_numel=ADD_NUMEL,
         add_rounds=ADD_ROUNDS,
         aa_control="fp16 matmul timed twice",
+        speed_band="about {:g}-{:g}x, read as {:.3g}-{:.3g}x".format(
+            *SPEED_BAND, *about(SPEED_BAND, SPEED_TOLERANCE)
+        ),
         aa_control_threshold=THRESHOLD,
         fp8=fp8_reason or "torch._scaled_mm, float8_e4m3fn inputs, bfloat16 output",
         **{f"fp32_arm.{flag}": on for flag, on in strict_flags.items()},
@@ -387,7 +422,9 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
         **add_speedup.as_metrics("add.fp16_over_fp32"),
     )
 
-    verdict, reason = verdict_fmt_speed(vs_fp32, vs_tf32, SPEED_BAND, control, THRESHOLD)
+    verdict, reason = verdict_fmt_speed(
+        vs_fp32, vs_tf32, SPEED_BAND, control, THRESHOLD, SPEED_TOLERANCE
+    )
     peaks = ", ".join(
         f"{fmt} {value:.3g}{_of_peak(value, gpu and gpu.peak(fmt), 'peak')}"
         for fmt, value in tflops.items()
@@ -396,7 +433,8 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
         "FMT-SPEED",
         verdict,
         f"{MATMUL_N}^3 matmul on {amp_device.name}, TFLOP/s: {peaks}"
-        f"{'' if gpu else ' (no datasheet entry)'}{f'; {fp8_reason}' if fp8_reason else ''}; "
+        f"{'' if gpu else f' (no datasheet peaks: {how})'}"
+        f"{f'; {fp8_reason}' if fp8_reason else ''}; "
         f"{reason}; bf16 over fp32 {ratios['bf16_over_fp32'].describe()}. Negative control, "
         f"add of 2^{ADD_NUMEL.bit_length() - 1} elements: fp16 over fp32 "
         f"{add_speedup.describe()}, fp32 at {tbs['fp32']:.2f} TB/s"
@@ -441,9 +479,11 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
 # --- PIT4: AMP's speed-up against model size ---------------------------------------------------
 
 THRESHOLD = 1.1  # a clear gain: the speed-up's interval lies wholly above it
-# The GPT-style transformer, 4 layers: 1M to 1B parameters by the width alone (52 to 4416;
-# at 100M and 1B the width is a multiple of 64 and heads are 64 wide). 16 x 256 = 4096 tokens a
-# step: a 1B step takes ~0.5 s in strict fp32 on an H200 and well under 0.1 s in AMP.
+# The GPT-style transformer, 4 layers: 1M to 1B parameters by the width alone (56 to 4416),
+# every attention head a multiple of 8 wide (56 at 1M, 64 from 10M on: harness.models), so that
+# no size falls back to slower attention kernels. 16 x 256 = 4096 tokens a step: a 1B step takes
+# ~0.5 s in strict fp32 on an H200 and well under 0.1 s in AMP. Fused AdamW in every arm: with
+# it GradScaler's inf check stays on the GPU; with the default one it reads it back every step.
 VOCAB, SEQ_LEN, LAYERS, BATCH = 8192, 256, 4, 16
 LR = 1e-4
 
@@ -452,7 +492,8 @@ LR = 1e-4
 class Size:
     label: str
     params: int  # the target; the model is within harness.models.TOLERANCE of it
-    rounds: int  # interleaved rounds: many where a step is short and noisy, few where long
+    rounds: int  # interleaved rounds: many where a step is short and noisy, fewer where long,
+    # never under measure.min_rounds() (tests/test_gpu_budget.py checks)
     warmup: int
 
 
@@ -460,7 +501,7 @@ SIZES = (
     Size("1M", 10**6, 30, 3),
     Size("10M", 10**7, 30, 3),
     Size("100M", 10**8, 15, 2),
-    Size("1B", 10**9, 5, 2),
+    Size("1B", 10**9, 10, 1),  # the warm-up has run one step of each arm already
 )
 DECIDING = "amp-fp16_over_fp32"  # the article's AMP (fp16 + GradScaler) against its FP32
 
@@ -469,26 +510,20 @@ def _plan(size: Size) -> models.Plan:
     return models.plan("transformer", size.params, vocab=VOCAB, seq_len=SEQ_LEN, layers=LAYERS)
 
 
-def _train_step(
-    precision: recipes.Precision,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    tokens: torch.Tensor,
-    targets: torch.Tensor,
-) -> None:
-    """One full training step through the recipe's four verbs, as harness.train runs them."""
-    with precision:
-        with precision.forward():
-            logits = model(tokens)
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        precision.backward(loss)
-        precision.step(optimizer)
-    # Free the gradients now rather than at the next step: five 1B arms would hold 20 GB.
-    optimizer.zero_grad(set_to_none=True)
+@dataclass
+class Arms:
+    """A size's timing arms, warmed up: per arm the step, its bound recipe, and the parameters
+    still without optimizer state after the warm-up (0 where ready)."""
+
+    steps: dict[str, Callable[[], None]]
+    precisions: dict[str, recipes.Precision]
+    unready: dict[str, int]
 
 
-def _training_arms(size: Size, amp_device) -> dict[str, Callable[[], None]]:
-    """One closure per arm, each with its own copy of the same model and its own AdamW."""
+def _training_arms(size: Size, amp_device) -> Arms:
+    """One closure per arm, each with its own copy of the same model and its own fused AdamW,
+    warmed up until the optimizer holds its state and the scaler, if any, takes its steps (a
+    step GradScaler skips creates no AdamW state)."""
     device = amp_device.torch_device
     with device:  # initialise on the GPU: 1B parameters drawn on the CPU would take seconds
         base = models.build("transformer", size.params, vocab=VOCAB, seq_len=SEQ_LEN, layers=LAYERS)
@@ -496,12 +531,17 @@ def _training_arms(size: Size, amp_device) -> dict[str, Callable[[], None]]:
     tokens, targets = (
         torch.randint(VOCAB, (BATCH, SEQ_LEN), device=device, generator=generator) for _ in range(2)
     )
-    arms = {}
+    arms = Arms({}, {}, {})
     for arm, recipe in speedups.ARMS.items():
-        precision = recipes.get(recipe).bind(amp_device)
+        precision = arms.precisions[arm] = recipes.get(recipe).bind(amp_device)
         model = precision.prepare(copy.deepcopy(base))
-        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-        arms[arm] = partial(_train_step, precision, model, optimizer, tokens, targets)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
+        # The bare step: the gradients are freed after it, or five 1B arms would hold 20 GB.
+        arms.steps[arm] = precision.wrap(
+            partial(speedups.training_step, precision, model, optimizer, tokens, targets)
+        )
+        speedups.warm_up(arms.steps[arm], optimizer, precision.scaler)
+        arms.unready[arm] = speedups.unstepped(optimizer)
     return arms
 
 
@@ -544,6 +584,21 @@ def _model_tflops(params: int, tokens: int, comparison: Comparison, arm: str) ->
     return 6 * params * tokens / comparison.median(arm) / 1e12
 
 
+def _heads_note(plans: dict[str, models.Plan]) -> str:
+    """The attention head sizes of the sweep, for the evidence; where one is not a multiple of
+    8, why (no width within harness.models.TOLERANCE of the target allowed one)."""
+    sizes = {label: models.head_size(plan) for label, plan in plans.items()}
+    said = ", ".join(f"{size} at {label}" for label, size in sizes.items())
+    odd = [label for label, size in sizes.items() if size % models.HEAD_MULTIPLE]
+    if not odd:
+        return f"attention heads {said} wide, multiples of {models.HEAD_MULTIPLE} at every size"
+    return (
+        f"attention heads {said} wide; not a multiple of {models.HEAD_MULTIPLE} at "
+        f"{', '.join(odd)}: no such width lands within {models.TOLERANCE:.0%} of the target, so "
+        "the fused attention kernels may fall back there"
+    )
+
+
 def _line(sizes: tuple[Size, ...], ratios: list[Ratio]) -> str:
     return ", ".join(f"{s.label} {r.value:.2f}x" for s, r in zip(sizes, ratios, strict=True))
 
@@ -553,11 +608,18 @@ def _line(sizes: tuple[Size, ...], ratios: list[Ratio]) -> str:
 def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
     plans = {size.label: _plan(size) for size in SIZES}  # a target out of reach fails here
     comparisons: dict[str, Comparison] = {}
+    unready: dict[str, dict[str, int]] = {}
+    skipped: dict[str, dict[str, tuple[float, float]]] = {}
     for size in SIZES:
         arms = _training_arms(size, amp_device)
-        comparisons[size.label] = measure.compare(arms, amp_device.type, size.rounds, size.warmup)
+        unready[size.label] = arms.unready
+        scales = speedups.scales(arms.precisions)
+        comparisons[size.label] = measure.compare(
+            arms.steps, amp_device.type, size.rounds, size.warmup
+        )
+        skipped[size.label] = speedups.skipped_while_timed(scales, arms.precisions)
         if size == SIZES[-1]:
-            measure.pedantic(benchmark, arms["amp-bf16"], amp_device.type, rounds=3, warmup=1)
+            measure.pedantic(benchmark, arms.steps["amp-bf16"], amp_device.type, rounds=3, warmup=1)
         del arms  # five models with their AdamW states: ~60 GB at 1B
         torch.cuda.empty_cache()
 
@@ -573,11 +635,13 @@ def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
         layers=LAYERS,
         batch=BATCH,
         tokens_per_step=tokens,
-        optimizer="adamw",
+        optimizer="adamw (fused)",
+        timed_step="bare: the recipe's verbs, no gradient norm or scale read, one sync a round",
         lr=LR,
         **{f"size.{label}.params": plan.params for label, plan in plans.items()},
         **{f"size.{label}.width": plan.width for label, plan in plans.items()},
         **{f"size.{label}.heads": plan.options["heads"] for label, plan in plans.items()},
+        **{f"size.{label}.head_size": models.head_size(plan) for label, plan in plans.items()},
         **{f"size.{s.label}.rounds": s.rounds for s in SIZES},
         aa_control_threshold=THRESHOLD,
         **speedups.tf32_flags(amp_device),
@@ -613,12 +677,13 @@ def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
         f"{s.label} ({count:,} params) {r.describe()}"
         for s, count, r in zip(SIZES, counts, deciding, strict=True)
     )
+    heads = _heads_note(plans)
     record.verdict(
         "PIT4-SMALL-NO-GAIN",
         small,
         f"amp-fp16 over fp32 (TF32 off), one AdamW step of {tokens} tokens: {measured}; "
         f"{small_reason}. amp-bf16 over fp32: {_line(SIZES, series['amp-bf16_over_fp32'])}; "
-        f"amp-fp16 over tf32: {_line(SIZES, series['amp-fp16_over_tf32'])}{aa_note}",
+        f"amp-fp16 over tf32: {_line(SIZES, series['amp-fp16_over_tf32'])}{aa_note}; {heads}",
     )
     record.verdict(
         "PIT4-ONLY-ABOVE-1B",
@@ -628,13 +693,25 @@ def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
         + ", ".join(f"{name} {size_label(at) if at else 'none'}" for name, at in crossovers.items())
         + f"; at {SIZES[-1].label}: amp-bf16 over fp32 "
         f"{series['amp-bf16_over_fp32'][-1].describe()}, over tf32 "
-        f"{series['amp-bf16_over_tf32'][-1].describe()}{aa_note}",
+        f"{series['amp-bf16_over_tf32'][-1].describe()}{aa_note}; {heads}",
     )
     measure.benchmark_extra_info(
         benchmark,
         **{f"{SIZES[-1].label}.{name}": ratios[-1] for name, ratios in series.items()},
     )
 
+    # A step GradScaler skipped in the warm-up would create AdamW's state inside the timing.
+    for label, arms_unready in unready.items():
+        assert not any(arms_unready.values()), (
+            f"PIT4-ONLY-ABOVE-1B: predicted every arm's AdamW state to exist after "
+            f"{speedups.WARMUP_STEPS_MAX} warm-up steps at {label}, parameters without it: "
+            f"{arms_unready}"
+        )
+    for label, fell in skipped.items():
+        assert not fell, (
+            f"PIT4-ONLY-ABOVE-1B: predicted no step skipped by GradScaler in the timed rounds at "
+            f"{label} (a skipped step is timed without its update), scale before -> after: {fell}"
+        )
     # Negative control: fp32 timed against itself shows no speed-up at any size.
     for size, control in zip(SIZES, controls, strict=True):
         assert speedups.control_state(control, THRESHOLD) != "differs", (

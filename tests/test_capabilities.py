@@ -198,3 +198,137 @@ def test_a_capability_used_where_present_fails_as_a_regression_where_expected(py
     (record,) = [e["record"] for e in map(json.loads, lines) if e["type"] == "record"]
     assert record["outcome"] == "capability-regression"
     assert record["message"].startswith("capability regression: an fp8 matmul")
+
+
+# --- a GPU probed without one: native bfloat16, the figures that tell variants apart -----------
+
+
+def test_bf16_support_is_asked_for_native_hardware(monkeypatch):
+    asked = []
+
+    def is_bf16_supported(including_emulation=True):  # torch >= 2.5: emulation counts by default
+        asked.append(including_emulation)
+        return including_emulation  # a pre-Ampere GPU: bf16 only emulated
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert devices.native_bf16() is False and asked == [False]
+    # torch 2.4's has no argument, and answers native support only.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert devices.native_bf16() is True
+
+
+def _fake_gpu(monkeypatch, props, bf16_native: bool) -> DeviceInfo:
+    """devices.probe("cuda") on this CPU: torch.cuda answers as a GPU with `props` would, and
+    every capability probe works, as autocast's bf16 does where it is emulated."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _index: props)
+    monkeypatch.setattr(
+        torch.cuda,
+        "is_bf16_supported",
+        lambda including_emulation=True: including_emulation or bf16_native,
+    )
+    monkeypatch.setattr(
+        devices, "PROBES", dict.fromkeys(devices.PROBES, lambda _d: Probe(True, "ran"))
+    )
+    monkeypatch.setattr(devices, "_nvml_max_power_w", lambda uuid: 700.0 if uuid else None)
+    return devices.probe.__wrapped__("cuda")
+
+
+def _props(name, cc, memory_gib, sms, clock_khz=None, uuid=""):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        name=name, major=cc[0], minor=cc[1], total_memory=int(memory_gib * 2**30),
+        multi_processor_count=sms, clock_rate=clock_khz, uuid=uuid,
+    )  # fmt: skip
+
+
+def test_emulated_bf16_autocast_is_not_bf16_autocast(monkeypatch):
+    v100 = _fake_gpu(monkeypatch, _props("Tesla V100-SXM2-16GB", (7, 0), 16, 80), False)
+    seen = v100.capabilities["bf16_autocast"]
+    assert not seen.works and "emulated" in seen.saw and "sm_70" in seen.saw
+    assert not v100.missing("bf16_autocast").regression  # older than sm_80: a skip
+    # The control: a GPU with bf16 in hardware keeps what autocast showed.
+    h200 = _fake_gpu(monkeypatch, _props("NVIDIA H200", (9, 0), 140.4, 132), True)
+    assert h200.capabilities["bf16_autocast"].works
+
+
+def test_a_gpu_is_identified_by_its_name_and_figures(monkeypatch):
+    props = _props("NVIDIA H200", (9, 0), 140, 132, clock_khz=1_980_000, uuid="GPU-1")
+    h200 = _fake_gpu(monkeypatch, props, True)
+    assert h200.figures == devices.GpuFigures(140, 132, 1980.0, 700.0)
+    assert (h200.datasheet().spec.name, h200.datasheet().sure) == ("H200 SXM", True)
+    # Without NVML's power limit nor the clock (torch < 2.10), memory and SMs cannot tell an
+    # SXM H200 from an NVL: the entry is by name only, and says so.
+    bare = _fake_gpu(monkeypatch, _props("NVIDIA H200", (9, 0), 140, 132), True)
+    assert bare.figures.read() == {"total_memory_gib": 140, "sm_count": 132}
+    assert not bare.datasheet().sure and "by name only" in bare.datasheet().how
+    assert devices.probe("cpu").datasheet() is None
+
+
+class _FakeNvml:
+    """libnvidia-ml as ctypes sees it: C calls returning 0 for success, results through
+    pointers."""
+
+    def __init__(self, max_mw: int, known: str):
+        self.max_mw, self.known, self.shut = max_mw, known, False
+
+    def nvmlInit_v2(self):
+        return 0
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: bytes, _handle):
+        return 0 if uuid.decode() == self.known else 13  # NVML_ERROR_NOT_FOUND
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, _handle, low, high):
+        low._obj.value, high._obj.value = 200_000, self.max_mw
+        return 0
+
+    def nvmlShutdown(self):
+        self.shut = True
+        return 0
+
+
+def test_the_power_limit_comes_from_nvml_where_the_driver_has_it(monkeypatch):
+    nvml = _FakeNvml(600_000, "GPU-8c1a")
+    monkeypatch.setattr(devices.ctypes, "CDLL", lambda _name: nvml)
+    assert devices._nvml_max_power_w("8c1a") == 600.0 and nvml.shut  # torch's uuid lacks "GPU-"
+    assert devices._nvml_max_power_w("GPU-8c1a") == 600.0
+    assert devices._nvml_max_power_w("GPU-other") is None
+
+    def no_driver(_name):
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(devices.ctypes, "CDLL", no_driver)
+    assert devices._nvml_max_power_w("GPU-8c1a") is None
+
+
+# --- the fingerprint records the precision switches a result depends on ------------------------
+
+
+def test_the_fingerprint_records_the_reduced_precision_switches(monkeypatch):
+    from pathlib import Path
+
+    from harness import fingerprint
+
+    cpu = devices.probe("cpu")
+    matmul = torch.backends.cuda.matmul
+    before = fingerprint.collect(cpu, Path.cwd())
+    key = "precision.cuda.matmul.allow_{}_reduced_precision_reduction"
+    flipped = {
+        fp: not getattr(matmul, f"allow_{fp}_reduced_precision_reduction")
+        for fp in ("fp16", "bf16")
+    }
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "medium")
+    try:  # torch's switches are properties of a module object: set and restore them by hand
+        for fp, value in flipped.items():
+            setattr(matmul, f"allow_{fp}_reduced_precision_reduction", value)
+        after = fingerprint.collect(cpu, Path.cwd())
+    finally:
+        for fp, value in flipped.items():
+            setattr(matmul, f"allow_{fp}_reduced_precision_reduction", not value)
+    for fp, value in flipped.items():
+        assert (before[key.format(fp)], after[key.format(fp)]) == (str(not value), str(value))
+    assert after["precision.float32_matmul_precision"] == "medium"
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
+        assert after["precision.cuda.matmul.fp32_precision"] == str(matmul.fp32_precision)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import REPO, assert_fails_naming
 
-from harness import cli, contract, devices
+from harness import claims, cli, contract, devices
 
 GOOD = '''
 import pytest
@@ -64,9 +64,43 @@ def test_new_writes_a_scenario_that_passes_and_keeps_the_contract(pytester, caps
     lines = (pytester.path / "reports" / "journal.jsonl").read_text().splitlines()
     (record,) = [e["record"] for e in map(json.loads, lines) if e["type"] == "record"]
     (verdict,) = record["verdicts"]
-    assert (verdict["claim"], verdict["verdict"]) == ("FMT-BYTES", "confirmed")
+    # A claim of its own, never an existing one: its verdicts would join that claim's row.
+    assert (verdict["claim"], verdict["verdict"]) == ("PROJECT-DEMO", "confirmed")
     assert record["metrics"]["half/bytes_per_param"] == 2.0
     assert contract.check(pytester.path / "scenarios") == []
+
+
+def test_new_with_a_claim_adds_it_to_the_project_catalogue(tmp_path, capsys):
+    folder = scenarios(tmp_path)
+    argv = ["new", "loss", "--scenarios", str(folder), "--claim", "TEAM-LOSS", 'a "quoted" $tmt']
+    assert cli.main([*argv, "--source", "https://example.com/issue/1"]) == 0
+    assert "claim TEAM-LOSS" in capsys.readouterr().out
+    loaded = claims.load_toml_catalogue(folder / "claims.toml", "project")
+    claim = loaded["TEAM-LOSS"]
+    assert (claim.statement, claim.source) == ('a "quoted" $tmt', "https://example.com/issue/1")
+    assert 'CLAIM = "TEAM-LOSS"' in (folder / "test_loss.py").read_text()
+    assert contract.check(folder) == []
+    assert cli.main(["new", "other", "--scenarios", str(folder)]) == 0  # appended after it
+    assert list(claims.load_toml_catalogue(folder / "claims.toml", "p")) == [
+        "TEAM-LOSS",
+        "PROJECT-OTHER",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--claim", "FMT-BYTES", "s"], "--claim FMT-BYTES: already a claim of the article"),
+        (["--claim", "BF16-NO-SCALER", "s"], "already a claim of the bf16 catalogue"),
+        (["--claim", "team loss", "s"], 'id "team loss" is not of the form GROUP-NAME'),
+        (["--claim", "TEAM-LOSS", " "], "give the claim a statement"),
+    ],
+)
+def test_new_refuses_a_claim_it_cannot_add_and_writes_nothing(tmp_path, capsys, argv, message):
+    folder = scenarios(tmp_path)
+    assert cli.main(["new", "loss", "--scenarios", str(folder), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert list(folder.iterdir()) == []
 
 
 def test_the_template_fails_naming_its_claim_when_fp16_takes_four_bytes(pytester, monkeypatch):
@@ -76,12 +110,13 @@ def test_the_template_fails_naming_its_claim_when_fp16_takes_four_bytes(pytester
         "element_size",
         lambda self: 4 if self.dtype == torch.float16 else element_size(self),
     )
-    assert_fails_naming(run_generated(pytester), "FMT-BYTES")
+    assert_fails_naming(run_generated(pytester), "PROJECT-DEMO")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff is a dev extra")
 def test_the_generated_file_is_lint_clean(tmp_path):
-    path = contract.new_scenario("lint_me", scenarios(tmp_path))
+    folder = scenarios(tmp_path)
+    path, _ = contract.new_scenario("lint_me", folder, folder / "claims.toml")
     for command in (["check", "--no-cache"], ["format", "--check", "--no-cache"]):
         ran = subprocess.run(
             [sys.executable, "-m", "ruff", *command, "--line-length", "100", str(path)],
@@ -125,7 +160,7 @@ def test_new_refuses_a_name_too_long_for_a_file_name_before_writing(tmp_path, ca
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert list(folder.iterdir()) == []
     assert cli.main(["new", "a" * 247, "--scenarios", str(folder)]) == 0  # the longest that fits
-    assert [len(p.name) for p in folder.iterdir()] == [255]
+    assert [len(p.name) for p in folder.glob("test_*.py")] == [255]
 
 
 def test_new_without_a_scenario_folder_says_where_to_run(tmp_path, capsys):

@@ -67,24 +67,26 @@ class Toy:
                 setattr(module, name, value(module) if callable(value) else value)
 
 
+# The fewest rounds whose intervals decide (measure.min_rounds): the decision paths run too.
+FEW = measure.min_rounds()
 SPEED = Toy(
     MATMUL_N=128,
-    MATMUL_ROUNDS=5,
+    MATMUL_ROUNDS=FEW,
     MATMUL_WARMUP=1,
     ADD_NUMEL=2**14,
-    ADD_ROUNDS=5,
+    ADD_ROUNDS=FEW,
     ADD_WARMUP=1,
     VOCAB=256,
     SEQ_LEN=16,
     LAYERS=2,
     BATCH=2,
-    SIZES=lambda m: (m.Size("30k", 30_000, 4, 1), m.Size("200k", 200_000, 4, 1)),
+    SIZES=lambda m: (m.Size("30k", 30_000, FEW, 1), m.Size("200k", 200_000, FEW, 1)),
 )
 MEMORY_SPEED = Toy(
     OPTIONS={"layers": 2, "vocab": 512, "seq_len": 32},
     WIDTHS=(64, 128, 192),
     BATCH=2,
-    ROUNDS=4,
+    ROUNDS=FEW,
     WARMUP=1,
 )
 
@@ -111,8 +113,9 @@ def test_speed_scenarios_run_to_their_verdicts(run_scenario, pytester, cuda_waiv
 
 
 def test_memory_and_speed_scenarios_run_to_their_verdicts(run_scenario, pytester, cuda_waived):
+    # Two CUDA-only tests, and the static-bytes test of HDL-MEMORY, which runs anywhere.
     result = run_scenario("test_memory_speed.py", plugins=(MEMORY_SPEED,))
-    _reached_verdicts(result, pytester, tests=2)
+    _reached_verdicts(result, pytester, tests=3)
 
 
 # Synthetic timings: seconds per call relative to the arm "fp32", roughly what a GPU shows. The

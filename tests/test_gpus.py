@@ -36,6 +36,8 @@ ABOVE = ratio(1.3, 1.5)
     ("device_name", "entry"),
     [
         ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA H200 NVL", "H200 NVL"),  # not the SXM part: 84% of its tensor math
+        ("NVIDIA H100 NVL", "H100 NVL"),
         ("NVIDIA H100 80GB HBM3", "H100 SXM5 80GB"),
         ("NVIDIA H100 PCIe", "H100 PCIe"),  # the longer match wins over "H100"
         ("NVIDIA A100-SXM4-80GB", "A100 SXM4 80GB"),
@@ -160,6 +162,71 @@ def test_the_most_specific_match_wins_whatever_the_order(tmp_path):
     assert gpus.spec("Vendor X1000", table) is None
 
 
+# --- telling variants apart: the name, then the figures the device reports -----------------
+
+SXM_H200 = gpus.GpuFigures(140.4, 132, 1980, 700)  # what an SXM H200 reports
+NVL_H200 = gpus.GpuFigures(140.4, 132, 1785, 600)
+
+
+def test_an_h200_nvl_reads_its_own_datasheet():
+    sxm, nvl = gpus.spec("NVIDIA H200"), gpus.spec("NVIDIA H200 NVL")
+    assert (nvl.fp32, nvl.tf32, nvl.fp16, nvl.bf16, nvl.fp8) == (60, 417.5, 835.5, 835.5, 1670.5)
+    assert nvl.bandwidth_tbs == sxm.bandwidth_tbs == 4.8 and nvl.fp16 < sxm.fp16
+
+
+@pytest.mark.parametrize(
+    ("name", "figures", "entry"),
+    [
+        ("NVIDIA H200", SXM_H200, "H200 SXM"),
+        ("NVIDIA H200 NVL", NVL_H200, "H200 NVL"),
+        ("NVIDIA H200", gpus.GpuFigures(140.4, 132, max_power_w=700), "H200 SXM"),  # no clock
+        ("NVIDIA H200", gpus.GpuFigures(140.4, 132, max_sm_clock_mhz=1980), "H200 SXM"),  # no NVML
+        ("NVIDIA H100 80GB HBM3", gpus.GpuFigures(79.6, 132), "H100 SXM5 80GB"),
+        ("NVIDIA H100 PCIe", gpus.GpuFigures(79.6, 114), "H100 PCIe"),
+        ("NVIDIA L4", None, "L4"),  # no variants in the table: by name
+    ],
+)
+def test_the_figures_confirm_the_name(name, figures, entry):
+    found = gpus.identify(name, figures)
+    assert (found.spec.name, found.sure) == (entry, True), found.how
+
+
+def test_an_nvl_named_like_the_sxm_part_is_told_by_its_power_limit():
+    found = gpus.identify("NVIDIA H200", gpus.GpuFigures(140.4, 132, max_power_w=600))
+    assert (found.spec.name, found.sure) == ("H200 NVL", True)
+    assert "the name reads H200 SXM" in found.how and "600 W maximum power limit" in found.how
+
+
+@pytest.mark.parametrize("figures", [gpus.GpuFigures(140.4, 132), None])
+def test_figures_that_cannot_tell_the_variants_apart_leave_it_unsure(figures):
+    # Memory and SMs are the same on both H200s: only the power limit or the clock decides.
+    found = gpus.identify("NVIDIA H200", figures)
+    assert (found.spec.name, found.sure) == ("H200 SXM", False)
+    assert "by name only" in found.how and "H200 SXM and H200 NVL alike" in found.how
+
+
+def test_figures_that_fit_no_variant_give_no_entry():
+    # A MIG slice of an H200: a fraction of the memory and SMs, none of the datasheet's peaks.
+    found = gpus.identify("NVIDIA H200", gpus.GpuFigures(17.8, 16))
+    assert (found.spec, found.sure) == (None, False)
+    assert "fit none of H200 SXM and H200 NVL" in found.how
+    assert gpus.identify("NVIDIA GeForce RTX 4090", None).spec is None
+
+
+@pytest.mark.parametrize(
+    ("figures", "message"),
+    [
+        ({"max_power_w": [700]}, r'field "figures.max_power_w" must be a range \[low, high\]'),
+        ({"max_power_w": [750, 650]}, r'"figures.max_power_w" must be .* low <= high'),
+        ({"watts": [1, 2]}, r'"figures.watts" is not a known figure: use total_memory_gib'),
+        ([1, 2], r'field "figures" must be an object of \[low, high\] ranges'),
+    ],
+)
+def test_bad_figures_name_the_field(tmp_path, figures, message):
+    with pytest.raises(GpuTableError, match=message):
+        gpus.load_table(write(tmp_path, {"gpus": [{**GOOD, "figures": figures}]}))
+
+
 # --- crossover -----------------------------------------------------------------------------
 
 
@@ -195,23 +262,63 @@ def test_size_label():
 
 
 # --- FMT-SPEED -----------------------------------------------------------------------------
+# "About 2-8x": each edge widened by 25%, 1.6-10x, against strict fp32 (the article's baseline)
+# and TF32. An H200's fp16 matmul is ~14x strict fp32 and ~1.8x TF32: partly, not refuted.
 
 
 @pytest.mark.parametrize(
     ("vs_fp32", "vs_tf32", "verdict", "words"),
     [
-        (ratio(3, 5), ratio(1.0, 1.2), "confirmed", "inside the 2-8x band"),  # a V100-era GPU
+        (ratio(3, 5), ratio(1.0, 1.2), "confirmed", "inside the 1.6-10x band"),  # a V100-era GPU
         (ratio(12, 14), ratio(2.2, 2.5), "partly", "against TF32 only"),
-        (ratio(12, 14), ratio(1.7, 1.9), "refuted", "outside the band against both"),  # H200
-        (ratio(1.2, 1.5), ratio(0.9, 1.1), "refuted", "below the 2-8x band"),
-        (ratio(7, 9), ratio(1.7, 1.9), "inconclusive", "straddles"),
-        (ratio(12, 14), ratio(1.9, 2.1), "inconclusive", "straddles"),
+        (ratio(12, 14), ratio(1.7, 1.9), "partly", "against TF32 only"),  # H200
+        (ratio(12, 14), ratio(1.3, 1.5), "refuted", "outside the band against both"),
+        (ratio(1.2, 1.5), ratio(0.9, 1.1), "refuted", "below the 1.6-10x band"),
+        (ratio(9, 11), ratio(1.7, 1.9), "inconclusive", "straddles"),
+        (ratio(12, 14), ratio(1.5, 1.7), "inconclusive", "straddles"),
     ],
 )
 def test_fmt_speed_verdict(vs_fp32, vs_tf32, verdict, words):
     decided, reason = speed.verdict_fmt_speed(vs_fp32, vs_tf32)
     assert decided == verdict
     assert words in reason and f"{vs_fp32.describe()}" in reason
+    assert "strict fp32, TF32 off, the baseline it means" in reason
+
+
+ABOVE_BAND, BELOW_BAND = ratio(12, 14), ratio(1.0, 1.3)
+
+
+@pytest.mark.parametrize(
+    ("vs_fp32", "vs_tf32", "verdict"),
+    [
+        # The lower edge, 2 / 1.25 = 1.6, against TF32 (strict fp32 far above the band).
+        (ABOVE_BAND, ratio(1.6, 1.9), "partly"),  # touching the edge is inside
+        (ABOVE_BAND, ratio(1.599, 1.9), "inconclusive"),  # reaching past it straddles
+        (ABOVE_BAND, ratio(1.3, 1.599), "refuted"),  # wholly below
+        # The upper edge, 8 x 1.25 = 10, against strict fp32.
+        (ratio(9, 10), BELOW_BAND, "confirmed"),
+        (ratio(9, 10.01), BELOW_BAND, "inconclusive"),
+        (ratio(10.01, 12), BELOW_BAND, "refuted"),
+        # The lower edge against strict fp32 decides alone once it is inside.
+        (ratio(1.6, 2.0), ratio(0.8, 0.9), "confirmed"),
+        (ratio(1.599, 2.0), ratio(0.8, 0.9), "inconclusive"),
+    ],
+)
+def test_fmt_speed_band_edges(vs_fp32, vs_tf32, verdict):
+    assert speed.verdict_fmt_speed(vs_fp32, vs_tf32)[0] == verdict
+
+
+def test_fmt_speed_tolerance_is_stated_and_an_interval_needs_its_rounds():
+    h200 = (ratio(12, 14), ratio(1.7, 1.9))
+    assert speed.about((2.0, 8.0), 0.25) == (1.6, 10.0)
+    assert speed.verdict_fmt_speed(*h200, tolerance=0.0)[0] == "refuted"  # strict 2-8x
+    decided, reason = speed.verdict_fmt_speed(*h200)
+    assert decided == "partly" and "each edge widened by 25%" in reason
+    # The module's rule is this one: the band and its tolerance as the scenario passes them.
+    assert (speed.SPEED_BAND, speed.SPEED_TOLERANCE) == ((2.0, 8.0), 0.25)
+    # An interval of too few rounds decides no side of an edge, however narrow it is.
+    few = Ratio(4.0, 3.9, 4.1, 0.95, 5)
+    assert speed.verdict_fmt_speed(few, ratio(1.0, 1.2))[0] == "inconclusive"
 
 
 # --- PIT4 ----------------------------------------------------------------------------------

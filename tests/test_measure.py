@@ -67,7 +67,7 @@ def test_ratios_reach_the_benchmark_json(pytester, tmp_path):
 
         def test_speed(benchmark):
             comparison = measure.compare({"a": lambda: time.sleep(0.002),
-                                          "b": lambda: time.sleep(0.001)}, "cpu", rounds=5)
+                                          "b": lambda: time.sleep(0.001)}, "cpu", rounds=9)
             measure.benchmark_extra_info(benchmark, a_over_b=comparison.ratio("a", "b"))
             measure.pedantic(benchmark, lambda: time.sleep(0.001), "cpu", rounds=3, warmup=1)
         """
@@ -87,3 +87,18 @@ def test_the_event_timer_agrees_with_triton_do_bench():
     ours = measure.compare({"mm": matmul}, "cuda", rounds=50, warmup=10).median("mm")
     theirs = testing.do_bench(matmul, warmup=25, rep=200, return_mode="median") / 1000.0
     assert abs(ours / theirs - 1) < 0.05, f"events {ours * 1e3:.3f} ms, do_bench {theirs * 1e3:.3f}"
+
+
+def test_min_rounds_is_where_the_medians_interval_leaves_the_extremes():
+    # 2 P(Binomial(n, 1/2) <= 1): 8 rounds 0.070 (> 0.05), 9 rounds 0.039.
+    assert [measure.min_rounds(c) for c in (0.9, 0.95, 0.99)] == [8, 9, 12]
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        measure.min_rounds(1.0)
+
+
+def test_a_ratio_from_too_few_rounds_decides_nothing():
+    few, enough = (measure.Ratio(2.0, 1.9, 2.1, 0.95, n) for n in (8, 9))
+    assert few.decide(1.1) == few.decide(3.0) == "undecided"
+    assert "too few to decide: 9" in few.describe()
+    assert enough.decide(1.1) == "above" and enough.decide(3.0) == "below"
+    assert "too few" not in enough.describe()

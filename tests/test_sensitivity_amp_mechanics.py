@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_fails_naming, promote_layer_norm
+from conftest import assert_fails_naming, predict_as_before_every_change, promote_layer_norm
 
 MODULE = "test_amp_mechanics.py"
 
@@ -117,3 +118,38 @@ def test_torch_cuda_amp_without_deprecation_fails(run_scenario, monkeypatch):
     )
     result = run_scenario(MODULE, "-k", "test_article_api_is_deprecated")
     assert_fails_naming(result, "API-DEPRECATED")
+
+
+def test_rms_norm_promoted_on_cpu_fails(run_scenario, monkeypatch):
+    # CPU autocast running rms_norm as CUDA's does from torch 2.12: an fp32 output.
+    rms_norm = F.rms_norm
+
+    def promoted(x, *args, **kwargs):
+        x = x.float() if torch.is_autocast_enabled(x.device.type) else x
+        return rms_norm(x, *args, **kwargs)
+
+    monkeypatch.setattr(F, "rms_norm", promoted)
+    result = run_scenario(MODULE, "-k", "test_norms_under_fp16_autocast")
+    assert_fails_naming(result, "AMP-NORM-FP32")
+
+
+def test_rms_norm_predicted_as_before_torch_2_7_fails(run_scenario, monkeypatch):
+    # Told that this torch's nn.RMSNorm promotes fp16 input times fp32 weight to float32
+    # (torch < 2.7), the scenario fails on a release that returns float16.
+    predict_as_before_every_change(monkeypatch)
+    result = run_scenario(MODULE, "-k", "test_norms_under_fp16_autocast")
+    assert_fails_naming(result, "AMP-NORM-FP32")
+
+
+def test_a_torch_without_torch_cuda_amp_records_the_api_gone(run_scenario, monkeypatch, pytester):
+    # The removal the FutureWarning announces: the test records it as a verdict, no error.
+    # torch.amp.GradScaler itself still uses torch.cuda.amp.common: the public names go.
+    monkeypatch.delattr(torch.cuda.amp, "autocast")
+    monkeypatch.delattr(torch.cuda.amp, "GradScaler")
+    run_scenario(MODULE, "-k", "test_article_api_is_deprecated").assert_outcomes(passed=1)
+    journal = (pytester.path / "reports" / "journal.jsonl").read_text().splitlines()
+    (record,) = [e["record"] for e in map(json.loads, journal) if e["type"] == "record"]
+    (verdict,) = record["verdicts"]
+    assert (verdict["claim"], verdict["verdict"]) == ("API-DEPRECATED", "refuted")
+    assert verdict["evidence"].startswith("the article's API is gone: torch ")
+    assert record["params"]["article_api"].startswith("removed in torch")

@@ -5,7 +5,10 @@ assertion naming its claim."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+import torch
 from conftest import assert_fails_naming
 
 from harness.distributed import SETUP_ENV
@@ -15,7 +18,7 @@ MODULE = "test_distributed.py"
 
 def test_the_module_passes_unfaulted(run_scenario):
     # world size 2 only: `pytest scenarios/` runs both sizes anyway
-    run_scenario(MODULE, "-k", "world2 or nccl").assert_outcomes(passed=4, skipped=1)
+    run_scenario(MODULE, "-k", "world2 or nccl").assert_outcomes(passed=5, skipped=1)
 
 
 # (fault, the scenario tests it should fail, the claim, what each failure says it predicted)
@@ -49,3 +52,51 @@ def test_a_fault_in_the_ranks_fails_the_scenario(
     errors = [line for line in result.outlines if line.startswith("E ")]
     for words in says:  # each test failed on the prediction this fault breaks
         assert any(f"{claim}: predicted" in e and words in e for e in errors), (words, errors)
+
+
+def sharded_scaler_without_sync() -> None:
+    """A rank fault (AMP_HARNESS_RANK_SETUP=test_sensitivity_distributed:...): each rank decides
+    on inf from its own gradient shard alone. Under FSDP2 the found-inf flag is synchronised
+    twice, and both go: ShardedGradScaler's all-reduce, and DTensor's handler of the inf check
+    (private: where a torch moves it, this fault raises in the ranks and the test fails)."""
+    from torch.distributed.fsdp import sharded_grad_scaler
+    from torch.distributed.tensor import DTensor
+
+    done = SimpleNamespace(wait=lambda: None)
+    sharded_grad_scaler.dist = SimpleNamespace(all_reduce=lambda *_args, **_kwargs: done)
+
+    def check_local_shard_only(op_call, args, kwargs):
+        grads, *rest = args
+        op_call([grad.to_local() for grad in grads], *rest, **kwargs)
+
+    op = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    assert op in handlers, "DTensor no longer handles the inf check here: update this fault"
+    handlers[op] = check_local_shard_only
+
+
+def test_an_fsdp2_scaler_deciding_alone_fails_the_scenario(run_scenario, monkeypatch):
+    # Rank 1 skips its poisoned shard and every other rank steps: the ranks diverge.
+    monkeypatch.setenv(SETUP_ENV, f"{__name__}:sharded_scaler_without_sync")
+    result = run_scenario(MODULE, "-k", "fsdp2 and world2")
+    assert_fails_naming(result, "PIT3-CHECK-BEFORE-STEP")
+    result.stdout.fnmatch_lines(["*predicted every FSDP2 rank to skip*"])
+
+
+def fully_shard_that_breaks() -> None:
+    """A rank fault: FSDP2 present but broken, as torch 2.6's is on CPU ranks."""
+    from torch.distributed import fsdp
+
+    def broken(*_args, **_kwargs):
+        raise AttributeError("'Stream' object has no attribute 'record_event'")
+
+    fsdp.fully_shard = broken
+
+
+def test_a_broken_fsdp2_fails_its_test_alone(run_scenario, monkeypatch):
+    # Present but broken is a failure, not a skip, and the launch's other experiments still get
+    # their verdicts: only the FSDP2 test fails.
+    monkeypatch.setenv(SETUP_ENV, f"{__name__}:fully_shard_that_breaks")
+    result = run_scenario(MODULE, "-k", "world2")
+    assert_fails_naming(result, "PIT3-CHECK-BEFORE-STEP", passed=4)  # the other experiments
+    result.stdout.fnmatch_lines(["*FSDP2 fully_shard failed: rank 0: AttributeError*record_event*"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from conftest import assert_fails_naming, promote_layer_norm
+from conftest import assert_fails_naming, predict_as_before_every_change, promote_layer_norm
 
 MODULE = "test_norm_layers.py"
 
@@ -36,3 +36,11 @@ def test_layer_norm_promoted_on_cpu_fails(run_scenario, monkeypatch):
     promote_layer_norm(monkeypatch)
     result = run_scenario(MODULE, "-k", "test_norm_accuracy_under_autocast")
     assert_fails_naming(result, "AMP-NORM-FP32")
+
+
+def test_a_release_predicted_to_overflow_early_fails_where_it_does_not(run_scenario, monkeypatch):
+    # Told that this torch accumulates the batch variance in fp16 (torch < 2.6 on the CPU), the
+    # scenario predicts inf at step 1 from std 47 and fails on a release that keeps it in fp32.
+    predict_as_before_every_change(monkeypatch)
+    result = run_scenario(MODULE, "-k", "test_half_batchnorm_overflows")
+    assert_fails_naming(result, "PIT2-NORM-HALF")

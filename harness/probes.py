@@ -1,0 +1,199 @@
+"""Probes: observers attached to a model or to a region of code, that say what precision did.
+
+- `outputs(model)`: per module, its forward output's dtype, max |x| against the dtype's largest
+  finite value (headroom), inf and NaN counts, and the dtype of the gradient that reaches the
+  output in backward;
+- `gradients(model)`: over the parameters' `.grad`, the fraction of entries that are zero, and
+  that are zero or subnormal in fp16 (would underflow if held in fp16), inf and NaN counts;
+- `OpLog()`: every aten op that runs, forward and backward, with the dtypes its kernel was given
+  and returned (a TorchDispatchMode: it sees the dtypes after autocast's casts).
+
+Each is a context manager that removes its hooks, or leaves the dispatch stack, on exit:
+
+    with probes.outputs(model) as seen, probes.OpLog() as log:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+    seen["linear1"].dtype, seen["linear1"].headroom, log.matmuls()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+FP16_TINY = torch.finfo(torch.float16).tiny  # 2**-14: the smallest normal fp16 value
+
+# The aten ops that multiply matrices or convolve: where forward and backward do their
+# arithmetic. Every device dispatches them under these names (cuBLAS and cuDNN are the CUDA
+# kernels behind the same aten ops), so one list serves CPU and CUDA.
+MATMULS = frozenset(
+    getattr(torch.ops.aten, name)
+    for name in ("mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "convolution")
+) | {torch.ops.aten.convolution_backward}
+
+
+def headroom(t: torch.Tensor) -> float:
+    """The dtype's largest finite value over max |t| (finite entries): how far the values are
+    from overflowing; inf when every entry is zero, 0 when an entry is inf."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return math.inf
+    if torch.isinf(t).any():
+        return 0.0
+    peak = float(torch.nan_to_num(t.detach(), nan=0.0).abs().max())
+    return math.inf if peak == 0 else torch.finfo(t.dtype).max / peak
+
+
+@dataclass
+class OutputStats:
+    """One module's forward output (its first floating-point tensor)."""
+
+    dtype: torch.dtype
+    max_abs: float  # over the finite entries
+    headroom: float  # finfo(dtype).max / max_abs; 0 when an entry is inf
+    inf: int
+    nan: int
+    grad_dtype: torch.dtype | None = None  # of the gradient reaching it, once backward ran
+    grad_max_abs: float | None = None  # that gradient's largest |entry|, once backward ran
+
+
+def _stats(t: torch.Tensor) -> OutputStats:
+    detached = t.detach()
+    finite = detached[torch.isfinite(detached)]
+    return OutputStats(
+        dtype=t.dtype,
+        max_abs=float(finite.abs().max()) if finite.numel() else 0.0,
+        headroom=headroom(detached),
+        inf=int(torch.isinf(detached).sum()),
+        nan=int(torch.isnan(detached).sum()),
+    )
+
+
+def _named(modules: nn.Module | Iterable[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    if isinstance(modules, nn.Module):
+        return [(name, m) for name, m in modules.named_modules() if name]  # not the root
+    return list(modules)
+
+
+@contextlib.contextmanager
+def outputs(
+    modules: nn.Module | Iterable[tuple[str, nn.Module]],
+) -> Iterator[dict[str, OutputStats]]:
+    """Per module name, the stats of its last forward output (`modules`: a model, whose
+    submodules are watched, or (name, module) pairs, e.g. a loss function beside the model).
+    A module called twice keeps its last call's."""
+    seen: dict[str, OutputStats] = {}
+
+    def hook(name: str, _module, _inputs, out) -> None:
+        first = next(
+            (t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()),
+            None,
+        )
+        if first is None:
+            return
+        seen[name] = stats = _stats(first)
+        if first.requires_grad:
+
+            def on_grad(grad: torch.Tensor) -> None:
+                stats.grad_dtype = grad.dtype
+                stats.grad_max_abs = float(grad.detach().abs().max()) if grad.numel() else 0.0
+
+            first.register_hook(on_grad)
+
+    handles = [
+        module.register_forward_hook(lambda m, i, o, name=name: hook(name, m, i, o))
+        for name, module in _named(modules)
+    ]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@dataclass(frozen=True)
+class GradientStats:
+    """Over every entry of the parameters' `.grad` (parameters without one are left out)."""
+
+    entries: int
+    zero: int  # exactly 0
+    fp16_underflow: int  # |g| < 2**-14, zero included: zero or subnormal once held in fp16
+    inf: int
+    nan: int
+
+    @property
+    def zero_fraction(self) -> float:
+        return self.zero / self.entries if self.entries else 0.0
+
+    @property
+    def fp16_underflow_fraction(self) -> float:
+        return self.fp16_underflow / self.entries if self.entries else 0.0
+
+
+def gradients(model: nn.Module) -> GradientStats:
+    """What the gradients of `model` hold now (call it after backward, before zero_grad)."""
+    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+    return GradientStats(
+        entries=sum(g.numel() for g in grads),
+        zero=sum(int((g == 0).sum()) for g in grads),
+        fp16_underflow=sum(int((g.float().abs() < FP16_TINY).sum()) for g in grads),
+        inf=sum(int(torch.isinf(g).sum()) for g in grads),
+        nan=sum(int(torch.isnan(g).sum()) for g in grads),
+    )
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str  # "mm"
+    inputs: tuple[torch.dtype, ...]  # dtypes of its floating-point tensor arguments
+    output: torch.dtype | None  # of its (first) tensor result
+    matmul: bool
+
+
+class OpLog(TorchDispatchMode):
+    """Every aten op run while the mode is on, with the dtypes its kernel is given. Autocast is
+    dispatched before the Python key, so these are the dtypes after autocast's casts; the autograd
+    engine carries the mode into its device threads, so a CUDA backward is logged as well."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[Op] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = tuple(
+            t.dtype
+            for t in tree_leaves((args, kwargs or {}))
+            if isinstance(t, torch.Tensor) and t.is_floating_point()
+        )
+        out = func(*args, **(kwargs or {}))
+        first = next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+        self.ops.append(
+            Op(
+                func.__name__.split(".")[0],
+                inputs,
+                None if first is None else first.dtype,
+                func.overloadpacket in MATMULS,
+            )
+        )
+        return out
+
+    def matmuls(self, dtype: torch.dtype | None = None) -> list[Op]:
+        """The matmuls logged, or those whose floating-point inputs were all `dtype`."""
+        mms = [op for op in self.ops if op.matmul]
+        return mms if dtype is None else [op for op in mms if set(op.inputs) == {dtype}]
+
+
+@dataclass
+class StepGradients:
+    """A `train(..., on_step=...)` callback that keeps `gradients(model)` of every step."""
+
+    steps: list[GradientStats] = field(default_factory=list)
+
+    def __call__(self, model: nn.Module, _report) -> None:
+        self.steps.append(gradients(model))

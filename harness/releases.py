@@ -1,0 +1,131 @@
+"""Behaviours that changed between torch releases, each with the releases it was measured on.
+
+A scenario's prediction is today's behaviour. Where a release is known to behave otherwise, the
+scenario asks `behaviour(change_name, device)` which side of the change the running torch is on
+and predicts accordingly, and the evidence says so. What makes an entry here: the change was
+measured, not read about. `since` is the first release with today's behaviour, found by
+installing releases and running the scenario (a bisection over the releases PyPI has);
+`before_seen` lists the releases measured with the old one. A release older than every one
+measured is outside the known range: it keeps today's prediction, so that an unexpected result
+there still fails instead of being explained away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CURRENT, BEFORE = "current", "before"
+
+
+@dataclass(frozen=True)
+class Change:
+    claim: str
+    device: str  # the device type it applies to ("cpu", "cuda")
+    since: tuple[int, int]  # the first release (major, minor) with today's behaviour
+    before_seen: tuple[str, ...]  # releases measured with the old behaviour, oldest first
+    before: str  # what releases before `since` do
+    current: str  # what `since` and later do
+    how: str  # how the change was found: the bisection and its measurements
+
+
+CHANGES: dict[str, Change] = {
+    "half-batchnorm-cpu-variance": Change(
+        claim="PIT2-NORM-HALF",
+        device="cpu",
+        since=(2, 6),
+        before_seen=("2.4.1", "2.5.1"),
+        before=(
+            "a .half() BatchNorm's batch variance is accumulated in fp16 on the CPU: the sum of "
+            "squared deviations overflows once (n-1) std^2 > 65504, i.e. std > 46.0 for a batch "
+            "of 32, and running_var is inf after the first step"
+        ),
+        current=(
+            "the batch variance is accumulated in fp32 and stored in fp16: running_var "
+            "overflows only once std^2 itself exceeds 65504, i.e. std > 255.9, after the number "
+            "of steps the momentum recursion predicts (46 at std 257)"
+        ),
+        how=(
+            "bisected over PyPI's releases with PIT2-NORM-HALF's BatchNorm sweep (batch 32x4, "
+            "100 steps): 2.4.1 and 2.5.1 overflow at step 1 from std 46 on and stay finite at std "
+            "45; 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.13.0 and 2.14.1 stay finite up to std 256 and "
+            "overflow from std 257 at step 46. The change is pytorch/pytorch#126525 ('Use float "
+            "data type for Half var_sum in batchnorm stats updating on CPU', merged 2024-09-09, "
+            "first in 2.6)"
+        ),
+    ),
+    "rms-norm-mixed-dtype-output": Change(
+        claim="AMP-NORM-FP32",
+        device="cpu",
+        since=(2, 7),
+        before_seen=("2.4.1", "2.5.1", "2.6.0"),
+        before=(
+            "an nn.RMSNorm whose weight is fp32, fed fp16 activations under CPU fp16 autocast "
+            "(rms_norm is on no CPU autocast list), normalises in fp16 and multiplies by the "
+            "fp32 weight last: type promotion makes its output float32"
+        ),
+        current=(
+            "the same nn.RMSNorm returns its input's dtype, float16 (from 2.9 with a UserWarning "
+            "that the mixed dtypes miss the fused kernel)"
+        ),
+        how=(
+            "measured with AMP-NORM-FP32's probe (nn.Linear(8, 16) then nn.RMSNorm(16), CPU "
+            "fp16 autocast) on PyPI's releases: float32 output on 2.4.1, 2.5.1 and 2.6.0; "
+            "float16 on 2.7.1, 2.8.0, 2.9.1, 2.13.0 and 2.14.1. Without a weight, F.rms_norm "
+            "returns float16 on all of them: the float32 came from the product with the weight"
+        ),
+    ),
+}
+
+
+def release(version: str | None = None) -> tuple[int, int]:
+    """(major, minor) of a torch version string ("2.5.1+cu124" -> (2, 5)); the running torch's
+    by default."""
+    major, minor = (version or _running()).split(".")[:2]
+    return int(major), int(minor)
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """2.13.0+cpu -> (2, 13, 0): versions ordered as numbers, not as text (2.4 before 2.13)."""
+    numbers = version.split("+")[0].split(".")
+    return tuple(int(n) if n.isdigit() else 0 for n in numbers)
+
+
+def _running() -> str:
+    import torch  # here: the report and `compare` read releases without importing torch
+
+    return torch.__version__
+
+
+def oldest_seen(change: Change) -> tuple[int, int]:
+    return min(release(v) for v in change.before_seen)
+
+
+def behaviour(name: str, device: str, version: str | None = None) -> str:
+    """BEFORE where the running torch (or `version`) is known to behave as before the change
+    `name` on `device`; CURRENT otherwise: at or after `since`, on another device, or older than
+    every release measured (outside the known range, today's prediction holds)."""
+    change = CHANGES[name]
+    seen = release(version)
+    if device != change.device or seen >= change.since or seen < oldest_seen(change):
+        return CURRENT
+    return BEFORE
+
+
+def describe(name: str, device: str, version: str | None = None) -> str:
+    """One sentence for the evidence: which side of the change this run predicts, and why."""
+    change = CHANGES[name]
+    since = ".".join(map(str, change.since))
+    version = version or _running()
+    side = behaviour(name, device, version)
+    if side == BEFORE:
+        return f"predicted for torch {version} (before {since}, measured on " + (
+            f"{', '.join(change.before_seen)}): {change.before}"
+        )
+    if device != change.device:
+        return f"predicted: {change.current}"
+    if release(version) < oldest_seen(change):
+        return (
+            f"torch {version} is older than every release measured for this change "
+            f"({', '.join(change.before_seen)}): today's prediction holds: {change.current}"
+        )
+    return f"predicted for torch {version} (since {since}): {change.current}"

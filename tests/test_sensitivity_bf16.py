@@ -1,0 +1,56 @@
+"""scenarios/test_bf16.py can fail: each test breaks the behaviour one bf16 claim rests on (bf16
+autocast's range, the rounding of a bf16 weight update, bf16 rounding itself) and checks that
+the scenario then fails with an assertion naming its claim."""
+
+from __future__ import annotations
+
+import torch
+from conftest import assert_fails_naming
+
+MODULE = "test_bf16.py"
+
+
+def test_the_module_passes_unpatched(run_scenario):
+    run_scenario(MODULE).assert_outcomes(passed=3)
+
+
+def test_no_scaler_fails_when_bf16_autocast_computes_in_fp16(run_scenario, monkeypatch):
+    init = torch.autocast.__init__
+
+    def fp16_instead(self, device_type, dtype=None, *args, **kwargs):  # bf16 with fp16's range
+        init(
+            self, device_type, torch.float16 if dtype == torch.bfloat16 else dtype, *args, **kwargs
+        )
+
+    monkeypatch.setattr(torch.autocast, "__init__", fp16_instead)
+    result = run_scenario(MODULE, "-k", "small_gradients")
+    assert_fails_naming(result, "BF16-NO-SCALER")
+
+
+def test_master_weights_fail_when_sgd_keeps_a_hidden_fp32_copy(run_scenario, monkeypatch):
+    step, masters = torch.optim.SGD.step, {}
+
+    def step_in_fp32(self, closure=None):  # bf16 parameters updated through an fp32 master
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dtype == torch.bfloat16 and p.grad is not None:
+                    master = masters.setdefault(id(p), p.detach().float())
+                    master.add_(p.grad.float(), alpha=-group["lr"])
+                    p.data.copy_(master)
+                    p.grad = None  # the original step leaves it alone
+        return step(self, closure)
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step_in_fp32)
+    result = run_scenario(MODULE, "-k", "half_a_bf16_ulp")
+    assert_fails_naming(result, "BF16-MASTER-WEIGHTS")
+
+
+def test_range_precision_fails_when_addition_does_not_round_to_bf16(run_scenario, monkeypatch):
+    add = torch.Tensor.__add__
+
+    def add_in_float64(self, other):  # 1 + eps is never rounded back to bf16
+        return add(self.double(), other)
+
+    monkeypatch.setattr(torch.Tensor, "__add__", add_in_float64)
+    result = run_scenario(MODULE, "-k", "range_of_fp32")
+    assert_fails_naming(result, "BF16-RANGE-PRECISION")
