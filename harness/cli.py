@@ -396,6 +396,41 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diagnose(args: argparse.Namespace) -> int:
+    """Measure the factory's model under every recipe the device runs; keep the diagnosis in a
+    file, then in MLflow; print the table."""
+    import shutil
+
+    import torch
+
+    from harness import diagnose, diagnoses
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise HarnessError("--device cuda: torch sees no CUDA GPU here (use --device cpu or auto)")
+    found = diagnose.diagnose(
+        args.factory, device, steps=args.steps, lr=args.lr, optimizer=args.optimizer,
+        names=args.recipes or diagnose.RECIPES,
+    )  # fmt: skip
+    saved = diagnoses.save(found, Path(args.reports))
+    width = shutil.get_terminal_size((100, 24)).columns
+    print(diagnoses.render(found, width, sys.stdout.isatty()), end="")
+    print(f"diagnosis: {saved}")
+    if args.no_mlflow:
+        print("MLflow: off (--no-mlflow); the diagnosis is in the file above")
+        return 0
+    try:
+        uri = resolve_uri(args.tracking_uri, Path(args.reports))
+        run_id = diagnoses.log(found, uri, saved)
+    except Exception as exc:  # a dead server, an unopenable store: the file holds everything
+        print(f"MLflow: not logged ({redact(str(exc))}); the diagnosis is in {saved}")
+        return 0
+    print(f"MLflow: run {run_id} in experiment {diagnoses.EXPERIMENT!r} at {redact(uri)}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="amp-harness",
@@ -502,6 +537,29 @@ def parser() -> argparse.ArgumentParser:
         default="team decision",
         help="where the claim comes from: a paper, an issue, a URL (default: team decision)",
     )
+    diag = command(
+        "diagnose",
+        "train a few steps of your model under every recipe and say which are safe, and why",
+    )
+    diag.add_argument(
+        "factory",
+        metavar="MODULE:FUNCTION",
+        help="a function returning (model, batches, loss), e.g. harness.diagnose_examples:mlp "
+        "(docs/diagnose.md)",
+    )
+    diag.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    diag.add_argument("--steps", type=int, default=8, help="training steps per recipe (8)")
+    diag.add_argument("--lr", type=float, default=1e-3, help="learning rate (1e-3)")
+    diag.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    diag.add_argument(
+        "--recipes", nargs="+", default=None, metavar="RECIPE",
+        help="default: fp32 amp-fp16 amp-fp16-noscaler amp-bf16 half (fp32 always runs)",
+    )  # fmt: skip
+    diag.add_argument(
+        "--tracking-uri", default=None,
+        help="default: $MLFLOW_TRACKING_URI or sqlite:///REPORTS/mlflow.db",
+    )  # fmt: skip
+    diag.add_argument("--no-mlflow", action="store_true", help="the diagnosis file only")
     validate_help = "check every scenario file against the contract; exit 1 on any problem"
     validate = sub.add_parser("validate", help=validate_help, description=validate_help)
     validate.add_argument("--scenarios", default="scenarios", help="scenario folder")
@@ -521,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         "compare": _compare,
         "new": _new,
         "validate": _validate,
+        "diagnose": _diagnose,
     }
     try:
         return _run(args, rest) if args.command == "run" else handlers[args.command](args)

@@ -52,7 +52,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import harness
-from harness import differences, record, table, tracking, verdicts
+from harness import diagnoses, differences, record, table, tracking, verdicts
 from harness.claims import catalogue
 from harness.errors import HarnessError
 from harness.releases import version_key
@@ -157,6 +157,7 @@ def build(
     with _reading(tracking_uri, "reading the experiment and its runs"):
         client, experiment_id = _open(tracking_uri, experiment)
         runs = tracking.search_runs(client, experiment_id)
+        diagnosed = _diagnoses(client, _ui(tracking_uri))
     ui = _ui(tracking_uri)
 
     def link(run_id: str) -> str:
@@ -194,6 +195,7 @@ def build(
             "ledger": ledger,
             "differences": differ,
             "uncovered": _uncovered(runs),
+            "diagnoses": diagnosed,
             "regressions": [_capability_regressions(env) for env in environments],
             "unknown": _unknown_claims(runs),
             "figures": figures,
@@ -288,6 +290,20 @@ def _open(uri: str, experiment: str):
             f"{', '.join(names) or 'none'} (pass --experiment NAME)"
         )
     return client, found.experiment_id
+
+
+def _diagnoses(client, ui: str) -> list[dict]:
+    """`amp-harness diagnose` runs, the latest per factory, device and torch, each with its
+    link and its reasons capped for the page."""
+    found = diagnoses.latest(client)
+    for d in found:
+        d["url"] = f"{ui}/#/experiments/{d['experiment_id']}/runs/{d['run_id']}"
+        d["when"] = _when(d["started"] / 1000)
+        d["recipes"] = [
+            (recipe, status, cap(reasons, "in the MLflow run", chars=600))
+            for recipe, status, reasons in d["recipes"]
+        ]
+    return found
 
 
 def _env(run) -> dict[str, str]:
@@ -658,6 +674,10 @@ def _markdown(context: dict) -> str:
     lines += [f"- {cid}: {_md(why)}" for cid, _statement, why in context["uncovered"]] or [
         "Every claim has a verdict."
     ]
+    for d in context["diagnoses"]:
+        lines += ["", f"## Diagnosis of {_md(d['factory'])} on {_md(d['device'])}, torch "
+                  f"{_md(d['torch'])} ({d['when']})", ""]  # fmt: skip
+        lines += [f"- {recipe}: **{status}**: {_md(why)}" for recipe, status, why in d["recipes"]]
     comparison = context["comparison"]
     if comparison is not None:
         lines += ["", "## Comparison", ""]
