@@ -6,6 +6,7 @@ import argparse
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -310,13 +311,68 @@ def _ui(args: argparse.Namespace) -> int:
         "--backend-store-uri", uri,
         "--default-artifact-root", (reports / ARTIFACTS_NAME).as_uri(),
         "--host", args.host, "--port", str(args.port),
+        "--workers", "1",  # one person browsing: MLflow's default starts 4
     ]  # fmt: skip
-    print(f"MLflow UI on http://{args.host}:{args.port} for {reports / DB_NAME} (Ctrl-C stops it)")
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+    url = f"http://{args.host}:{args.port}"
+    print(f"MLflow UI starting for {reports / DB_NAME} (Ctrl-C stops it)", flush=True)
+    env = {
+        **os.environ,
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "true",
+        # MLflow 3's job runner starts seven huey consumer processes for GenAI jobs the harness
+        # never submits: browsing runs needs none of them.
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
+    # Its own process group, so that a stop reaches the server and every worker it started.
+    server = subprocess.Popen(
+        command, env=env, start_new_session=True, **({"cwd": cwd} if cwd else {})
+    )
+
+    def stop(signum, _frame) -> None:
+        # Unwind first: the server is stopped in `finally`, once server.wait() has let go of
+        # the lock a second wait would block on.
+        raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return subprocess.call(command, env=env, **({"cwd": cwd} if cwd else {}))
-    except KeyboardInterrupt:
-        return 0
+        if _answers(f"{url}/health", server):
+            print(f"MLflow UI answering on {url}", flush=True)
+        return server.wait()
+    except SystemExit as stopped:
+        return 0 if stopped.code == 128 + signal.SIGINT else int(stopped.code)
+    finally:
+        _stop_group(server)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _answers(url: str, server: subprocess.Popen, timeout_s: float = 120.0) -> bool:
+    """Wait until the server answers `url` (True), or exits or times out (False)."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return True
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
+def _stop_group(server: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, then SIGKILL if it has not ended in 10 s."""
+    if server.poll() is not None:
+        return
+    try:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    except ProcessLookupError:
+        pass
 
 
 def _check_ui_address(host: str, port: int) -> None:

@@ -29,7 +29,7 @@ from harness.claims import catalogue, unknown_ids
 from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
 from harness.record import Record
-from harness.table import cap, render
+from harness.table import cap, render, summary
 from harness.tracking import DEFAULT_EXPERIMENT, MlflowSink, Running, redact, resolve_uri
 from harness.verdicts import CAPABILITY_REGRESSION
 
@@ -650,7 +650,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     writer = terminalreporter._tw
     records = state.session_records()
     if records:
-        terminalreporter.write(render(records, writer.fullwidth, writer.hasmarkup))
+        show = render if config.getoption("verbose") > 0 else summary  # -v: the full evidence
+        terminalreporter.write(show(records, writer.fullwidth, writer.hasmarkup))
     terminalreporter.write_line(f"journal: {state.journal.path}")
     for record in records:
         if "torch_warnings" in record.params:

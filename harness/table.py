@@ -1,5 +1,8 @@
-"""The verdict table printed at the end of a session: one row per claim, its verdict across the
-session's tests (harness.verdicts' rule), and each test's own status and evidence.
+"""The verdicts printed at the end of a session. By default `summary`: the devices once, then
+one line per claim (its ID, its verdict across the session's tests by harness.verdicts' rule,
+and the start of its evidence cut to the terminal's width), then the counts: it reads at 80
+columns and in a CI log. With `pytest -v`, `render`: the full table, each test's own status and
+evidence.
 
 Evidence is capped where it is shown (`cap`: EVIDENCE_CHARS characters and EVIDENCE_LINES lines
 per test, then how much more there is and where): a scenario that puts 1 MB into its evidence
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
+from collections import Counter
 
 from rich.console import Console
 from rich.table import Table
@@ -102,6 +107,65 @@ def _against_expected(label: str, claim: Claim | None) -> str:
     if expected and label in VERDICTS and label not in (expected, "skipped"):
         return f"{label} (expected {expected})"
     return label
+
+
+def summary(records: list[Record], width: int, color: bool) -> str:
+    """One line per claim under a title naming the devices once, then the counts by verdict."""
+    devices = sorted({record.device for record in records})
+    rows = verdict_rows(records)
+    known = catalogue()
+    out = io.StringIO()
+    console = Console(
+        file=out, width=width, force_terminal=color, no_color=not color, highlight=False
+    )
+    console.print(Text(f"amp-harness verdicts on {'; '.join(devices)}", style="bold"))
+    id_width = max((len(claim) for claim, *_ in rows), default=0)
+    labels = [_against_expected(verdict, known.get(claim)) for claim, verdict, *_ in rows]
+    label_width = min(max((len(label) for label in labels), default=0), 28)
+    for (claim, verdict, evidence, _device), label in zip(rows, labels, strict=True):
+        room = width - id_width - label_width - 4
+        line = Text(f"{claim:<{id_width}}  ")
+        line.append(f"{label:<{label_width}}", style=_style(verdict))
+        line.append(f"  {_headline(evidence, room)}" if room > 10 else "")
+        console.print(line, no_wrap=True, overflow="ellipsis")
+    counts = Counter(_kind(verdict) for _claim, verdict, *_ in rows)
+    console.print(
+        Text(
+            f"{len(rows)} claims: "
+            + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=_count_order))
+            + ". The evidence in full: pytest -v, the report, `amp-harness list`."
+        )
+    )
+    for line in regressions(records):
+        console.print(Text(line), style=KIND_STYLE[verdicts.REGRESSION])
+    return out.getvalue()
+
+
+def _headline(evidence: str, room: int) -> str:
+    """The start of the evidence on one line, cut to `room` characters. Of a claim checked by
+    several tests (one "[verdict] test_name: evidence" line each), the first test's."""
+    lines = evidence.split("\n")
+    tests = [line for line in lines if re.match(r"\[[^\]]*\] \S+: ", line)]
+    first = tests[0] if len(tests) > 1 else evidence
+    text = " ".join(re.sub(r"^\[[^\]]*\] \S+: ", "", first).split())
+    if len(tests) > 1:
+        more = f" (+{len(tests) - 1} test{'s' if len(tests) > 2 else ''})"
+        text = text if len(text) + len(more) <= room else text[: room - len(more) - 1] + "\u2026"
+        return text + more
+    return text if len(text) <= room else text[: room - 1].rstrip() + "\u2026"
+
+
+def _kind(label: str) -> str:
+    """A label's kind for the counts: the verdict, "failed", "capability regression", "mixed"."""
+    for kind in (verdicts.FAILED, verdicts.REGRESSION, "mixed"):
+        if label.startswith(kind):
+            return kind
+    return label
+
+
+def _count_order(item: tuple[str, int]) -> tuple[int, str]:
+    order = [*VERDICTS, "mixed", verdicts.FAILED, verdicts.REGRESSION]
+    return (order.index(item[0]) if item[0] in order else len(order), item[0])
 
 
 def render(records: list[Record], width: int, color: bool) -> str:

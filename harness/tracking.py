@@ -69,6 +69,10 @@ _STATUS = {
     verdicts.CAPABILITY_REGRESSION: "FAILED",
 }
 _TAG_LIMIT = 5000  # MLflow accepts 8000 characters; evidence longer than this is cut
+RUN_NAME_CHARS = 250  # MLflow's limit on a run name
+# MLflow 3's UI opens an experiment by its kind: without this tag, on its GenAI view (traces);
+# with it, on the runs list, as for model training.
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 _PAGE = 5000  # runs per search call
 # An id MLflow's filter language can hold between quotes: it has no escape for a quote inside a
 # string, so any other id (a journal written by hand or by another tool) is matched here instead.
@@ -340,7 +344,7 @@ class MlflowSink:
             if found is None:
                 try:
                     self._experiment_id = self.client.create_experiment(
-                        self.experiment, self._artifact_root
+                        self.experiment, self._artifact_root, tags=EXPERIMENT_TAGS
                     )
                     return self._experiment_id
                 except Exception:
@@ -348,7 +352,11 @@ class MlflowSink:
                     found = self.client.get_experiment_by_name(self.experiment)
                     if found is None:
                         raise
-            self._experiment_id = self._follow_moved_store(found).experiment_id
+            found = self._follow_moved_store(found)
+            for key, value in EXPERIMENT_TAGS.items():  # stores made before the tag existed
+                if found.tags.get(key) != value:
+                    self.client.set_experiment_tag(found.experiment_id, key, value)
+            self._experiment_id = found.experiment_id
         return self._experiment_id
 
     def _follow_moved_store(self, experiment):
@@ -429,7 +437,8 @@ class MlflowSink:
         parent = self._parent(session)
         tags = {
             "mlflow.parentRunId": parent,
-            "mlflow.runName": record.test.split("::")[-1],
+            "mlflow.runName": run_name(record),
+            "mlflow.note.content": description(record),
             "amp.kind": "test",
             "amp.session_id": session["session_id"],
             "amp.record_id": record.record_id,
@@ -626,6 +635,23 @@ def _rebase(store: Path, old: str, new: str) -> int:
             "WHERE substr(artifact_uri, 1, ?) = ?",
             (new, cut, cut, old + "/"),
         ).rowcount
+
+
+def run_name(record: Record) -> str:
+    """What the runs list shows: the claims and their verdicts as they count, then the test
+    ("SCL-NAN-INCREASES refuted · test_nan_halves_the_scale")."""
+    found = verdicts.of_record(record)
+    claims = ", ".join(f"{claim} {status.label}" for claim, status in found.items())
+    name = f"{claims or ', '.join(record.claims)} · {record.test.split('::')[-1]}"
+    return name if len(name) <= RUN_NAME_CHARS else name[: RUN_NAME_CHARS - 1] + "\u2026"
+
+
+def description(record: Record) -> str:
+    """The run's description in the MLflow UI (Markdown): each claim's verdict and evidence."""
+    lines = [f"`{record.test}`: {record.outcome or '?'}", ""]
+    for claim, status in verdicts.of_record(record).items():
+        lines += [f"**{claim}**: {status.label}", "", status.evidence, ""]
+    return "\n".join(lines)[:_TAG_LIMIT]
 
 
 def _clean(tags: dict[str, str]) -> dict[str, str]:

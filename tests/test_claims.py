@@ -183,8 +183,9 @@ def test_ours(record):
         }
     )
     result = pytester.runpytest_inprocess(
-        "scenarios", "--no-mlflow", "--amp-device=cpu", f"--amp-reports={pytester.path / 'r'}"
-    )
+        "scenarios", "--no-mlflow", "--amp-device=cpu", f"--amp-reports={pytester.path / 'r'}",
+        "-v",  # the full table: each claim's source under its ID
+    )  # fmt: skip
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*TEAM-LOSS*confirmed*", "*an issue*"])
     assert "TEAM-LOSS" not in claims.catalogue()  # the session's catalogue ended with it

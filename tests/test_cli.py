@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -117,10 +120,11 @@ def test_bad_arguments_are_usage_errors(argv):
 
 
 def test_ui_serves_the_embedded_store_on_loopback(tmp_path, monkeypatch):
-    started = []
-    monkeypatch.setattr(cli.subprocess, "call", lambda command, env: started.append(command) or 0)
+    started = fake_ui(monkeypatch)
     assert cli.main(["ui", "--reports", str(tmp_path)]) == 0
-    (command,) = started
+    ((command, options),) = started
+    assert options["start_new_session"]  # its own process group: a stop reaches every worker
+    assert command[command.index("--workers") + 1] == "1"
     assert command[command.index("--host") + 1] == "127.0.0.1"
     assert command[command.index("--backend-store-uri") + 1] == f"sqlite:///{tmp_path}/mlflow.db"
 
@@ -131,9 +135,18 @@ def test_ui_serves_the_embedded_store_on_loopback(tmp_path, monkeypatch):
 def fake_ui(monkeypatch) -> list[tuple[list[str], dict]]:
     """`amp-harness ui` without the server: the commands it would start, with their options."""
     started = []
-    monkeypatch.setattr(
-        cli.subprocess, "call", lambda command, **kwargs: started.append((command, kwargs)) or 0
-    )
+
+    class Exited:  # a server that ended at once, with status 0
+        def __init__(self, command, **kwargs):
+            started.append((command, kwargs))
+
+        def poll(self):
+            return 0
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(cli.subprocess, "Popen", Exited)
     return started
 
 
@@ -147,7 +160,7 @@ def test_ui_on_a_taken_port_says_so_and_exits_2(tmp_path, monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert f"--port {port}: port {port} on 127.0.0.1 is taken" in err
     assert "pass another port, e.g. --port" in err
-    assert "MLflow UI on" not in out and started == []
+    assert "MLflow UI starting" not in out and started == []
 
 
 def test_ui_beyond_loopback_warns_that_it_answers_the_network(tmp_path, monkeypatch, capsys):
@@ -196,3 +209,55 @@ def test_sync_to_a_dead_or_hanging_server_is_one_line_without_the_password(tmp_p
             assert line.startswith("amp-harness: error: sync stopped: MLflow at http://")
             assert cause in line and "amp-harness sync --reports" in line
             assert "amp-secret-9" not in line  # fmt: skip
+
+
+def test_ui_stopped_with_sigterm_frees_its_port_and_leaves_nothing_running(tmp_path):
+    with socket.socket() as probe:  # a port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "ui", "--reports", str(tmp_path), "--port",
+         str(port)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    group = None
+    try:
+        lines = []
+        for line in ui.stdout:  # "starting", then "answering" once /health answers
+            lines.append(line)
+            if "answering" in line:
+                break
+        assert lines[-1].strip() == f"MLflow UI answering on http://127.0.0.1:{port}", lines
+        (server,) = [pid for pid, facts in _processes().items() if facts[1] == ui.pid]
+        group = _processes()[server][2]  # the server's process group: it and its worker
+        assert len(_in_group(group)) >= 2
+        ui.send_signal(signal.SIGTERM)
+        ui.communicate(timeout=30)
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+        ui.communicate()  # and closes its pipe
+    deadline = time.monotonic() + 15
+    while _in_group(group) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _in_group(group) == []
+    with socket.socket() as again:  # the port is free again
+        again.bind(("127.0.0.1", port))
+
+
+def _processes() -> dict[int, tuple[str, int, int]]:
+    """pid -> (state, parent pid, process group) of every process, from /proc."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found[int(stat.parent.name)] = (fields[0], int(fields[1]), int(fields[2]))
+    return found
+
+
+def _in_group(group: int) -> list[int]:
+    return [
+        pid for pid, (state, _ppid, pgrp) in _processes().items() if pgrp == group and state != "Z"
+    ]

@@ -57,7 +57,8 @@ def journal(reports) -> list[dict]:
 def statuses(reports) -> dict[str, str]:
     client = MlflowClient(f"sqlite:///{reports / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("amp-harness")
-    return {r.info.run_name: r.info.status for r in client.search_runs([experiment.experiment_id])}
+    runs = client.search_runs([experiment.experiment_id])
+    return {r.info.run_name.split(" · ")[-1]: r.info.status for r in runs}  # by test function
 
 
 def test_crashes_and_hangs_fail_alone_with_the_reason(pytester):
@@ -120,13 +121,23 @@ def test_ctrl_c_ends_the_open_runs_as_killed_and_a_rerun_starts_clean(pytester):
     reports = pytester.path / "reports"
     command = [sys.executable, "-m", "pytest", "scenarios", "--amp-device=cpu",
                "-p", "no:cacheprovider", f"--amp-reports={reports}"]  # fmt: skip
-    session = subprocess.Popen(command, cwd=pytester.path, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (pytester.path / "started").exists():
-        assert time.monotonic() < deadline and session.poll() is None, "the test never started"
-        time.sleep(0.2)
-    session.send_signal(signal.SIGINT)
-    session.communicate(timeout=60)
+    # A suite started in the background (`pytest tests/ &`) inherits SIGINT ignored: the child
+    # gets Python's default handler back, as a terminal's Ctrl-C would find it.
+    session = subprocess.Popen(
+        command, cwd=pytester.path, stdout=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (pytester.path / "started").exists():
+            assert time.monotonic() < deadline and session.poll() is None, "never started"
+            time.sleep(0.2)
+        session.send_signal(signal.SIGINT)
+        session.communicate(timeout=60)
+    finally:  # never leave a session sleeping 600 s behind a failed assertion
+        if session.poll() is None:
+            session.kill()
+            session.communicate()
     assert session.returncode == pytest.ExitCode.INTERRUPTED
     entries = journal(reports)
     assert [e["type"] for e in entries] == ["session", "record", "session_end"]

@@ -44,9 +44,9 @@ def test_a_new_claim_and_its_scenario_from_the_docs_alone(tmp_path):
     run(*cli, "validate", cwd=copy)
     ran = run(
         "-m", "pytest", "scenarios/test_team_bf16.py", "--amp-device=cpu",
-        "-p", "no:cacheprovider", "--amp-reports=reports", cwd=copy,
+        "-p", "no:cacheprovider", "--amp-reports=reports", "-v", cwd=copy,
     )  # fmt: skip
-    assert CLAIM in ran.stdout and "example.com/team" in ran.stdout  # the table, with its source
+    assert CLAIM in ran.stdout and "example.com/team" in ran.stdout  # -v's table: its source
 
     # MLflow and the report treat it as an article claim, and say where it comes from.
     import mlflow

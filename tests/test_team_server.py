@@ -87,7 +87,9 @@ def test_a_session_logs_to_the_team_server_over_http(pytester, team_server, monk
         run["info"]["run_id"]: {t["key"]: t["value"] for t in run["data"]["tags"]} for run in runs
     }
     (parent,) = [r for r in runs if tags[r["info"]["run_id"]]["amp.kind"] == "session"]
-    children = {tags[r["info"]["run_id"]]["mlflow.runName"]: r for r in runs if r is not parent}
+    children = {
+        tags[r["info"]["run_id"]]["amp.test"].split("::")[-1]: r for r in runs if r is not parent
+    }
     assert sorted(children) == ["test_bytes", "test_underflow"]
     assert parent["info"]["status"] == "FINISHED"
     for child in children.values():

@@ -89,8 +89,20 @@ def test_embedded_store_gets_one_parent_and_one_child_per_test(pytester):
     uri = f"sqlite:///{pytester.path / 'reports' / 'mlflow.db'}"
     all_runs = runs(uri)
     (parent,) = [r for r in all_runs if r.data.tags["amp.kind"] == "session"]
-    children = {r.info.run_name: r for r in all_runs if r.data.tags["amp.kind"] == "test"}
+    children = {
+        r.data.tags["amp.test"].split("::")[-1]: r
+        for r in all_runs
+        if r.data.tags["amp.kind"] == "test"
+    }
     assert sorted(children) == ["test_first", "test_second", "test_third"]
+    # The runs list reads as verdicts (its name), the run page as evidence (its description).
+    assert children["test_first"].info.run_name == "FMT-BYTES confirmed · test_first"
+    note = children["test_first"].data.tags["mlflow.note.content"]
+    assert "**FMT-BYTES**: confirmed" in note and note.count("\n") >= 2
+    from mlflow import MlflowClient
+
+    experiment = MlflowClient(uri).get_experiment(parent.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert parent.info.status == "FINISHED" and parent.data.metrics["tests.passed"] == 3
     assert parent.data.tags["amp.exitstatus"] == "0" and "amp.left_out" not in parent.data.tags
     first = children["test_first"]
@@ -137,7 +149,8 @@ def test_dead_server_costs_seconds_loses_nothing_and_sync_replays_once(
 
     mlflow_server.stop()
     mlflow_server.start()  # back, on the same database
-    assert sorted(r.info.run_name for r in runs(uri))[-1] == "test_first"  # only what got there
+    names = sorted(r.info.run_name for r in runs(uri))
+    assert names[-1].endswith(" · test_first")  # only what got there
     assert len(runs(uri)) == 2  # the second session's parent and its first child
     first = MlflowSink(uri).sync(journal(pytester))
     again = MlflowSink(uri).sync(journal(pytester))
