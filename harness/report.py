@@ -164,6 +164,7 @@ def build(
         return f"{ui}/#/experiments/{experiment_id}/runs/{run_id}"
 
     environments = _latest_sessions(runs, link)
+    uncovered, undecided = _uncovered(runs)
     ledger = [
         (claim, [_cell(claim.id, env, link) for env in environments])
         for claim in catalogue().values()
@@ -194,7 +195,8 @@ def build(
             "counts": counts,
             "ledger": ledger,
             "differences": differ,
-            "uncovered": _uncovered(runs),
+            "uncovered": uncovered,
+            "undecided": undecided,
             "diagnoses": diagnosed,
             "regressions": [_capability_regressions(env) for env in environments],
             "unknown": _unknown_claims(runs),
@@ -518,30 +520,31 @@ def _capability_regressions(env: Environment) -> list[tuple[str, str, str]]:
     ]
 
 
-def _uncovered(runs: list) -> list[tuple[str, str, str]]:
-    """(claim, statement, why) for each claim with no verdict that stands (decided by a test
-    that passed) in any run of the experiment: why is 'no verdict in any run', or what the
-    runs that tried it show (skip reasons, failures)."""
+def _uncovered(runs: list) -> tuple[list, list]:
+    """Claims without a verdict that stands (decided by a test that passed) in any run of the
+    experiment, as two lists of (claim, statement, why): those no test has run ("not covered":
+    no scenario declares them, or none ran), and those whose tests ran and decided nothing
+    (skipped here, with the reasons, or failed)."""
     tried: dict[str, list[verdicts.Status]] = defaultdict(list)
     for run in runs:
         if run.data.tags.get("amp.kind") != "test":
             continue
         for claim in filter(None, run.data.tags.get("claims", "").split(",")):
             tried[claim].append(_status(run, claim))
-    uncovered = []
+    uncovered, undecided = [], []
     for claim in catalogue().values():
         statuses = tried.get(claim.id, [])
         if any(s.stands for s in statuses):
             continue
-        if statuses:
-            reasons = sorted(
-                {f"{s.label}: {cap(s.evidence, IN_MLFLOW)}" for s in statuses if s.evidence}
-            )
-            why = "no verdict that stands" + (f": {'; '.join(reasons)}" if reasons else "")
-        else:
-            why = "no verdict in any run"
-        uncovered.append((claim.id, claim.statement, why))
-    return uncovered
+        if not statuses:
+            uncovered.append((claim.id, claim.statement, "no verdict in any run"))
+            continue
+        reasons = sorted(
+            {f"{s.label}: {cap(s.evidence, IN_MLFLOW)}" for s in statuses if s.evidence}
+        )
+        why = "no verdict that stands" + (f": {'; '.join(reasons)}" if reasons else "")
+        undecided.append((claim.id, claim.statement, why))
+    return uncovered, undecided
 
 
 def _unknown_claims(runs: list) -> list[str]:
@@ -637,7 +640,7 @@ def _markdown(context: dict) -> str:
         "",
     ]
     lines += [
-        f"- **{_md(env.heading)}**: {_md(env.session_name)} ({_when(env.started)})"
+        f"- **{_md(env.heading)}**: session of {_when(env.started)}, {len(env.tests)} tests"
         + (f": incomplete: {_md(env.incomplete)}" if env.incomplete else "")
         for env in environments
     ] or ["No harness runs in this experiment yet."]
@@ -670,9 +673,13 @@ def _markdown(context: dict) -> str:
     ]
     if regressions:
         lines += ["", "## Capability regressions", ""] + regressions
-    lines += ["", "## Claims no scenario covers", ""]
+    lines += ["", "## Claims run without a verdict (skipped here, or failed)", ""]
+    lines += [f"- {cid}: {_md(why)}" for cid, _statement, why in context["undecided"]] or [
+        "Every claim that ran has a verdict."
+    ]
+    lines += ["", "## Claims no test has run", ""]
     lines += [f"- {cid}: {_md(why)}" for cid, _statement, why in context["uncovered"]] or [
-        "Every claim has a verdict."
+        "A test of every claim has run."
     ]
     for d in context["diagnoses"]:
         lines += ["", f"## Diagnosis of {_md(d['factory'])} on {_md(d['device'])}, torch "

@@ -82,6 +82,7 @@ class _BNRun:
     first_inf: int | None  # the first training step after which running_var held an inf
     running_var: torch.Tensor
     eval_out: torch.Tensor  # eval-mode output on the training batch, with the running statistics
+    trace: list[float]  # running_var's largest entry after each training step
 
 
 def _bn_run(config: str, x16: torch.Tensor, steps: int = BN_STEPS) -> _BNRun:
@@ -99,15 +100,16 @@ def _bn_run(config: str, x16: torch.Tensor, steps: int = BN_STEPS) -> _BNRun:
     def region():
         return torch.autocast(x.device.type, dtype=F16, enabled=config == "autocast")
 
-    first_inf = None
+    first_inf, trace = None, []
     for step in range(1, steps + 1):
         with region():
             bn(x)
+        trace.append(float(bn.running_var.max()))
         if first_inf is None and bool(torch.isinf(bn.running_var).any()):
             first_inf = step
     bn.eval()
     with torch.no_grad(), region():
-        return _BNRun(first_inf, bn.running_var.detach().clone(), bn(x))
+        return _BNRun(first_inf, bn.running_var.detach().clone(), bn(x), trace)
 
 
 HALF_BN_VARIANCE = "half-batchnorm-cpu-variance"  # the change in harness.releases
@@ -226,6 +228,16 @@ def test_half_batchnorm_overflows_above_std_256(record, amp_device):
                 **{f"bn/std_{std}/{fix}_eval_error": fix_error[fix, std] for fix in BN_FIXES},
             }
         )
+    record.figure(
+        "half_batchnorm_running_var",
+        figures.against_limit(
+            {f"std {std}": half[std].trace for std in STDS},
+            f"a .half() BatchNorm1d's running_var, batch 32x4, on {device.type}",
+            "running_var (largest channel)",
+            torch.finfo(F16).max,
+            "fp16's largest value, 65504",
+        ),
+    )
     overflowed = [std for std in STDS if half[std].first_inf is not None]
     stayed = [std for std in STDS if half[std].first_inf is None]
     # Key metrics: the ledger holds them side by side across releases (harness.releases).

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from harness import claims, cli
+from harness import claims, cli, contract
 
 
 def amp(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -241,7 +241,10 @@ def test_ui_stopped_with_sigterm_frees_its_port_and_leaves_nothing_running(tmp_p
     while _in_group(group) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _in_group(group) == []
-    with socket.socket() as again:  # the port is free again
+    with pytest.raises(ConnectionRefusedError):  # nothing listens there any more
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    with socket.socket() as again:  # and a new UI can bind it (as servers do, past TIME_WAIT)
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", port))
 
 
@@ -261,3 +264,43 @@ def _in_group(group: int) -> list[int]:
     return [
         pid for pid, (state, _ppid, pgrp) in _processes().items() if pgrp == group and state != "Z"
     ]
+
+
+def test_list_reads_the_claims_from_the_files_without_importing_torch(tmp_path):
+    # What made `amp-harness list` take 5 s: collecting the scenarios imported torch.
+    probe = (
+        "import sys; from harness import cli; "
+        f"cli.main(['list', '--json', '--reports', {str(tmp_path)!r}]); "
+        "print('torch imported:', 'torch' in sys.modules, file=sys.stderr)"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0 and ran.stderr.strip().endswith("torch imported: False"), ran.stderr
+    rows = {row["id"]: row for row in json.loads(ran.stdout)}
+    assert rows["PIT3-ZERO-ALL"]["tests"] == [
+        "scenarios/test_distributed.py::test_a_rank_of_zero_gradients_adds_zero",
+        "scenarios/test_distributed.py::test_nccl_and_fsdp_on_two_gpus",
+    ]
+
+
+BUILT_AT_RUN_TIME = """
+import pytest
+
+def claim_id():
+    return "FMT-" + "BITS"
+
+@pytest.mark.claim(claim_id())
+def test_bits(record):
+    record.verdict("FMT-BITS", "confirmed", "5 exponent bits, 10 mantissa bits")
+"""
+
+
+def test_list_collects_a_file_whose_markers_are_built_at_run_time(tmp_path, monkeypatch, capsys):
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / "scenarios" / "test_built.py").write_text(BUILT_AT_RUN_TIME)
+    monkeypatch.chdir(tmp_path)
+    assert contract.claimed_tests(tmp_path / "scenarios") is None  # not readable from the file
+    assert cli.main(["list", "--json", "--reports", str(tmp_path / "reports")]) == 0
+    rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["FMT-BITS"]["tests"] == ["scenarios/test_built.py::test_bits"]

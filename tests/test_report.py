@@ -143,10 +143,15 @@ def cells(row: str) -> list[str]:
     return re.findall(r"<td>(.*?)</td>", row, re.S)  # the environment cells (not the claim's)
 
 
-def uncovered(html_text: str) -> dict[str, str]:
-    section = html_text.split('<section id="uncovered">')[1].split("</section>")[0]
+def section_rows(html_text: str, section_id: str) -> dict[str, str]:
+    section = html_text.split(f'<section id="{section_id}">')[1].split("</section>")[0]
     rows = re.findall(r'<td class="id">([A-Z0-9-]+)</td><td[^>]*>.*?</td><td>(.*?)</td>', section)
     return dict(rows)
+
+
+def uncovered(html_text: str) -> dict[str, str]:
+    """Every claim without a verdict that stands: none of its tests ran, or none decided it."""
+    return {**section_rows(html_text, "uncovered"), **section_rows(html_text, "undecided")}
 
 
 def test_ledger_has_one_column_per_environment_from_its_latest_session(built):
@@ -226,6 +231,11 @@ def test_uncovered_claims_say_whether_they_never_ran_or_why_nothing_stands(built
     )
     assert "failed (was: partly)" in found["AMP-NORM-FP32"]
     assert found["PIT1-EXPLOSION"] == "no verdict in any run"
+    # Apart: what no test ran, and what ran and was skipped or failed (the GPU-only claims).
+    page = (built / "index.html").read_text()
+    assert "PIT1-EXPLOSION" in section_rows(page, "uncovered")
+    assert {"FMT-SPEED", "FMT-RANGE"} <= set(section_rows(page, "undecided"))
+    assert "FMT-SPEED" not in section_rows(page, "uncovered")
     text = " ".join((built / "index.html").read_text().split())
     assert "(renamed or removed claims), not in the ledger: OLD-CLAIM." in text
 
@@ -255,6 +265,9 @@ def test_summary_md_has_the_ledger_as_a_markdown_table(built):
     rows = [line for line in lines[start + 2 :] if line.startswith("| ")]
     assert len(rows) == len(catalogue())
     assert "| FMT-BITS | [confirmed](http://127.0.0.1:5000/#/experiments/" in rows[0]
+    # The header names each environment once: its label, then its session's time and size.
+    (cpu,) = [line for line in lines[:start] if line.startswith(f"- **{CPU_LABEL}**")]
+    assert re.fullmatch(rf"- \*\*{re.escape(CPU_LABEL)}\*\*: session of [0-9: -]+, \d+ tests", cpu)
 
 
 def test_comparison_hook_shows_rows_and_text_escaped(store, built, tmp_path):
@@ -268,6 +281,8 @@ def test_comparison_hook_shows_rows_and_text_escaped(store, built, tmp_path):
     out = report.build(default_uri(store), tmp_path / "text", comparison=text).parent
     assert "&lt;i&gt;x&lt;/i&gt;" in (out / "index.html").read_text()
     assert text in (out / "summary.md").read_text()  # already markdown: as given
+    # The comparison's long lines wrap on the page instead of scrolling off it.
+    assert re.search(r"pre\.comparison \{[^}]*white-space: pre-wrap", page)
 
 
 def test_a_rebuild_replaces_the_report_and_never_a_foreign_folder(store, tmp_path):
