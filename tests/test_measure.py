@@ -27,9 +27,13 @@ def test_a_two_to_one_ratio_is_measured_and_decided():
     assert ratio.decide(1.1) == "above" and ratio.decide(10.0) == "below"
 
 
-def test_equal_arms_decide_nothing_near_one():
+def test_equal_arms_claim_no_gain_either_way():
+    # An A/A comparison on a shared machine: its interval may exclude 1.0 by a fraction of a
+    # percent (seen in CI: two 2 ms sleeps, "above" 1.0), which is why every speed verdict is
+    # decided against a threshold and an A/A control (harness.speedups), never against 1.0.
     comparison = measure.compare({"a": sleeper(0.002), "b": sleeper(0.002)}, "cpu", rounds=15)
-    assert comparison.ratio("a", "b").decide(1.0) == "undecided"
+    ratio = comparison.ratio("a", "b")
+    assert ratio.decide(1.05) != "above" and ratio.decide(1 / 1.05) != "below", ratio.describe()
 
 
 def test_arms_are_interleaved_in_rotating_order():
