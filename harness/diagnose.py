@@ -256,17 +256,17 @@ class _Watch:
                 peak=max(stats.max_abs, before.peak if before else 0.0),
                 nonfinite=stats.inf + stats.nan + (before.nonfinite if before else 0),
                 norm=norm,
-                half_state=norm
-                and any(t.dtype in HALF_DTYPES for t in [*module.parameters(), *module.buffers()]),
+                half_state=before.half_state if before else norm and _half_state(module),
             )
-        grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
-        entries = sum(g.numel() for g in grads)
-        if not entries:
-            return
-        nonzero = sum(int((g != 0).sum()) for g in grads)
-        flushed = sum(int(((g != 0) & (g.to(torch.float16) == 0)).sum()) for g in grads)
-        self.run.underflow = max(self.run.underflow, flushed / nonzero if nonzero else 0.0)
-        self.run.zero_gradients = max(self.run.zero_gradients, 1 - nonzero / entries)
+        grads = probes.gradients(model)
+        nonzero = grads.entries - grads.zero
+        if nonzero:
+            self.run.underflow = max(self.run.underflow, grads.fp16_flushed / nonzero)
+        self.run.zero_gradients = max(self.run.zero_gradients, grads.zero_fraction)
+
+
+def _half_state(module: nn.Module) -> bool:
+    return any(t.dtype in HALF_DTYPES for t in [*module.parameters(), *module.buffers()])
 
 
 def _leaves(model: nn.Module) -> dict[str, nn.Module]:

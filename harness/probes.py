@@ -4,7 +4,8 @@
   finite value (headroom), inf and NaN counts, and the dtype of the gradient that reaches the
   output in backward;
 - `gradients(model)`: over the parameters' `.grad`, the fraction of entries that are zero, and
-  that are zero or subnormal in fp16 (would underflow if held in fp16), inf and NaN counts;
+  that are zero or subnormal in fp16 (would underflow if held in fp16), the non-zero ones fp16
+  rounds to zero (lost without loss scaling), inf and NaN counts;
 - `OpLog()`: every aten op that runs, forward and backward, with the dtypes its kernel was given
   and returned (a TorchDispatchMode: it sees the dtypes after autocast's casts).
 
@@ -126,6 +127,7 @@ class GradientStats:
     fp16_underflow: int  # |g| < 2**-14, zero included: zero or subnormal once held in fp16
     inf: int
     nan: int
+    fp16_flushed: int = 0  # non-zero entries that are 0 once held in fp16: lost without scaling
 
     @property
     def zero_fraction(self) -> float:
@@ -145,6 +147,7 @@ def gradients(model: nn.Module) -> GradientStats:
         fp16_underflow=sum(int((g.float().abs() < FP16_TINY).sum()) for g in grads),
         inf=sum(int(torch.isinf(g).sum()) for g in grads),
         nan=sum(int(torch.isnan(g).sum()) for g in grads),
+        fp16_flushed=sum(int(((g != 0) & (g.to(torch.float16) == 0)).sum()) for g in grads),
     )
 
 

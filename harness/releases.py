@@ -80,8 +80,8 @@ CHANGES: dict[str, Change] = {
 def release(version: str | None = None) -> tuple[int, int]:
     """(major, minor) of a torch version string ("2.5.1+cu124" -> (2, 5)); the running torch's
     by default."""
-    major, minor = (version or _running()).split(".")[:2]
-    return int(major), int(minor)
+    major, minor = version_key(version or _running())[:2]
+    return major, minor
 
 
 def version_key(version: str) -> tuple[int, ...]:

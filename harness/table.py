@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import re
 from collections import Counter
 
 from rich.console import Console
@@ -112,26 +111,29 @@ def _against_expected(label: str, claim: Claim | None) -> str:
 def summary(records: list[Record], width: int, color: bool) -> str:
     """One line per claim under a title naming the devices once, then the counts by verdict."""
     devices = sorted({record.device for record in records})
-    rows = verdict_rows(records)
+    order = {claim_id: i for i, claim_id in enumerate(catalogue())}
+    found = sorted(
+        verdicts.by_claim(records).items(), key=lambda item: order.get(item[0], len(order))
+    )
     known = catalogue()
     out = io.StringIO()
     console = Console(
         file=out, width=width, force_terminal=color, no_color=not color, highlight=False
     )
     console.print(Text(f"amp-harness verdicts on {'; '.join(devices)}", style="bold"))
-    id_width = max((len(claim) for claim, *_ in rows), default=0)
-    labels = [_against_expected(verdict, known.get(claim)) for claim, verdict, *_ in rows]
+    id_width = max((len(claim) for claim, _verdict in found), default=0)
+    labels = [_against_expected(verdict.label, known.get(claim)) for claim, verdict in found]
     label_width = min(max((len(label) for label in labels), default=0), 28)
-    for (claim, verdict, evidence, _device), label in zip(rows, labels, strict=True):
+    for (claim, verdict), label in zip(found, labels, strict=True):
         room = width - id_width - label_width - 4
         line = Text(f"{claim:<{id_width}}  ")
-        line.append(f"{label:<{label_width}}", style=_style(verdict))
-        line.append(f"  {_headline(evidence, room)}" if room > 10 else "")
+        line.append(f"{label:<{label_width}}", style=_style(verdict.label))
+        line.append(f"  {_headline(verdict, room)}" if room > 10 else "")
         console.print(line, no_wrap=True, overflow="ellipsis")
-    counts = Counter(_kind(verdict) for _claim, verdict, *_ in rows)
+    counts = Counter(_kind(verdict) for _claim, verdict in found)
     console.print(
         Text(
-            f"{len(rows)} claims: "
+            f"{len(found)} claims: "
             + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=_count_order))
             + ". The evidence in full: pytest -v, the report, `amp-harness list`."
         )
@@ -141,26 +143,23 @@ def summary(records: list[Record], width: int, color: bool) -> str:
     return out.getvalue()
 
 
-def _headline(evidence: str, room: int) -> str:
-    """The start of the evidence on one line, cut to `room` characters. Of a claim checked by
-    several tests (one "[verdict] test_name: evidence" line each), the first test's."""
-    lines = evidence.split("\n")
-    tests = [line for line in lines if re.match(r"\[[^\]]*\] \S+: ", line)]
-    first = tests[0] if len(tests) > 1 else evidence
-    text = " ".join(re.sub(r"^\[[^\]]*\] \S+: ", "", first).split())
-    if len(tests) > 1:
-        more = f" (+{len(tests) - 1} test{'s' if len(tests) > 2 else ''})"
-        text = text if len(text) + len(more) <= room else text[: room - len(more) - 1] + "\u2026"
-        return text + more
-    return text if len(text) <= room else text[: room - 1].rstrip() + "\u2026"
+def _headline(verdict: verdicts.ClaimVerdict, room: int) -> str:
+    """The first test's evidence on one line, cut to `room` characters, and how many more
+    tests checked the claim."""
+    text = " ".join(verdict.statuses[0].evidence.split())
+    others = len(verdict.statuses) - 1
+    more = f" (+{others} test{'s' if others > 1 else ''})" if others else ""
+    if len(text) + len(more) > room:
+        text = text[: room - len(more) - 1].rstrip() + "\u2026"
+    return text + more
 
 
-def _kind(label: str) -> str:
-    """A label's kind for the counts: the verdict, "failed", "capability regression", "mixed"."""
-    for kind in (verdicts.FAILED, verdicts.REGRESSION, "mixed"):
-        if label.startswith(kind):
-            return kind
-    return label
+def _kind(verdict: verdicts.ClaimVerdict) -> str:
+    """What the counts count: the verdict, "mixed", "failed", "capability regression" or
+    "skipped"."""
+    if verdict.kind != verdicts.DECIDED_KIND:
+        return verdict.kind
+    return verdict.label.split(" ")[0]  # "refuted", or "mixed" of "mixed (partly, refuted)"
 
 
 def _count_order(item: tuple[str, int]) -> tuple[int, str]:

@@ -435,10 +435,11 @@ class MlflowSink:
         from mlflow.entities import Metric, Param
 
         parent = self._parent(session)
+        found = verdicts.of_record(record)  # each claim's status, as it counts
         tags = {
             "mlflow.parentRunId": parent,
-            "mlflow.runName": run_name(record),
-            "mlflow.note.content": description(record),
+            "mlflow.runName": run_name(record, found),
+            "mlflow.note.content": description(record, found),
             "amp.kind": "test",
             "amp.session_id": session["session_id"],
             "amp.record_id": record.record_id,
@@ -455,8 +456,8 @@ class MlflowSink:
             tags[f"evidence.{v.claim}"] = v.evidence
             if v.claim in known:  # where the claim comes from: the article, a paper, a team
                 tags[f"source.{v.claim}"] = known[v.claim].source
-        for claim, found in verdicts.of_record(record).items():
-            tags[f"status.{claim}"] = found.label  # what counts: "failed (was: partly)", ...
+        for claim, status in found.items():
+            tags[f"status.{claim}"] = status.label  # what counts: "failed (was: partly)", ...
         run_id = self.client.create_run(
             self._experiment(), int(record.started * 1000), _clean(tags)
         ).info.run_id
@@ -637,19 +638,18 @@ def _rebase(store: Path, old: str, new: str) -> int:
         ).rowcount
 
 
-def run_name(record: Record) -> str:
-    """What the runs list shows: the claims and their verdicts as they count, then the test
-    ("SCL-NAN-INCREASES refuted · test_nan_halves_the_scale")."""
-    found = verdicts.of_record(record)
+def run_name(record: Record, found: dict[str, verdicts.Status]) -> str:
+    """What the runs list shows: the claims and their verdicts as they count (`found`:
+    verdicts.of_record), then the test ("SCL-NAN-INCREASES refuted · test_nan_halves_the_scale")."""
     claims = ", ".join(f"{claim} {status.label}" for claim, status in found.items())
     name = f"{claims or ', '.join(record.claims)} · {record.test.split('::')[-1]}"
     return name if len(name) <= RUN_NAME_CHARS else name[: RUN_NAME_CHARS - 1] + "\u2026"
 
 
-def description(record: Record) -> str:
+def description(record: Record, found: dict[str, verdicts.Status]) -> str:
     """The run's description in the MLflow UI (Markdown): each claim's verdict and evidence."""
     lines = [f"`{record.test}`: {record.outcome or '?'}", ""]
-    for claim, status in verdicts.of_record(record).items():
+    for claim, status in found.items():
         lines += [f"**{claim}**: {status.label}", "", status.evidence, ""]
     return "\n".join(lines)[:_TAG_LIMIT]
 
