@@ -22,6 +22,7 @@ from harness.tracking import (
     default_uri,
     redact,
     resolve_uri,
+    ui_url,
 )
 
 NEXT_STEPS = """
@@ -342,7 +343,9 @@ def _ui(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         if _answers(f"{url}/health", server):
-            print(f"MLflow UI answering on {url}", flush=True)
+            runs = _runs_page(url, DEFAULT_EXPERIMENT)
+            where = f"; the runs: {runs}" if runs else ""
+            print(f"MLflow UI answering on {url}{where}", flush=True)
         return server.wait()
     except SystemExit as stopped:
         return 0 if stopped.code == 128 + signal.SIGINT else int(stopped.code)
@@ -365,6 +368,23 @@ def _answers(url: str, server: subprocess.Popen, timeout_s: float = 120.0) -> bo
         except OSError:
             time.sleep(0.3)
     return False
+
+
+def _runs_page(url: str, experiment: str) -> str | None:
+    """The page of the experiment's runs on the UI at `url` (tracking.ui_url: the model training
+    view), or None where the store has no such experiment yet."""
+    import urllib.parse
+    import urllib.request
+
+    query = urllib.parse.urlencode({"experiment_name": experiment})
+    try:
+        with urllib.request.urlopen(
+            f"{url}/ajax-api/2.0/mlflow/experiments/get-by-name?{query}", timeout=10
+        ) as answer:
+            found = json.load(answer)["experiment"]["experiment_id"]
+    except (OSError, ValueError, KeyError):  # 404: no such experiment; or an odd answer
+        return None
+    return ui_url(url, found)
 
 
 def _stop_group(server: subprocess.Popen) -> None:

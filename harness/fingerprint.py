@@ -112,6 +112,18 @@ def collect(device: DeviceInfo, root: Path) -> dict[str, str]:
     return {k: str(v) or "n/a" for k, v in facts.items()}  # plain str: TorchVersion is not
 
 
+# Facts about the run, not about what decides its behaviour: the code under test and the
+# kernel's release. Two sessions that differ only in these are one environment (one ledger
+# column), and the facts are shown with each entry instead.
+RUN_FACTS = ("git_commit", "harness", "platform")
+
+
+def identity(facts: dict[str, str]) -> dict[str, str]:
+    """The facts that make an environment: device, GPU, driver, CUDA, cuDNN, NCCL, torch,
+    Python, CPU, the TF32 and reduced-precision flags."""
+    return {k: v for k, v in facts.items() if k not in RUN_FACTS}
+
+
 def hardware(facts: dict[str, str]) -> str:
     """What an environment runs on: its GPU's name, or "cpu <architecture>"."""
     return facts["gpu_name"] if facts["device"] == "cuda" else f"cpu {facts['cpu']}"

@@ -5,12 +5,26 @@
 - `summary.md`: the same ledger as a markdown table, for a pull request or a wiki page.
 - the figures as PNG files: the scenarios' figures and an overview of the verdicts.
 
-What it shows: the verdict ledger (every claim of the catalogue x every environment found, an
-environment being one set of `env.*` tags), the claims no scenario covers, each scenario's
-figures grouped by test, and a comparison passed in by the caller (`comparison=`;
-harness.compare builds it).
+What it shows: the verdict ledger (every claim of the catalogue x every environment found),
+the claims run without a verdict apart from those no test has run, each scenario's figures
+grouped by test, and a comparison passed in by the caller (`comparison=`; harness.compare
+builds it).
 
-Which session a ledger column shows. A session is complete when its parent run ended: status
+An environment (a ledger column) is what changes behaviour: the `env.*` facts but the commit,
+the harness version and the kernel's release (fingerprint.identity). Those are shown with each
+entry instead, so that editing a file (a `-dirty` commit) does not split the ledger in two.
+
+What a column shows: per test, its latest run from the environment's sessions since its latest
+complete session (all its sessions where none is complete), with the session it came from and
+its age. A complete session ran the whole suite, so it says which tests exist (a test renamed
+or removed before it is gone); a partial run since then (`-k scaler`, a killed session) refines
+the column test by test instead of erasing the rest. A test run only partly logged
+(`amp.complete=false`: a process killed while it logged) is not shown (`amp-harness sync` logs
+it again), and an interrupted run (Ctrl-C) replaces no earlier run of its test: it decided
+nothing. The sessions since the latest complete one are listed above the ledger, each with how
+many of the column's tests it gives and, when incomplete, why.
+
+When a session is complete. Its parent run ended: status
 FINISHED or FAILED (FAILED: a test failed, the session still ran to its end), an end time, the
 `tests.*` counts `MlflowSink._end_session` logs at the end, MLflow holds every test those counts
 name, and none of them is only partly logged (`amp.complete=false`). Any other session is
@@ -20,13 +34,7 @@ suite (`amp.left_out`: -k, a module not run) or ended on pytest's internal or us
 (`amp.exitstatus` 3 or 4), or lacking tests the tracking server never fully received
 (`amp-harness sync` sends them).
 
-An environment's column is its latest *complete* session, so that a session killed after one
-test never stands in for the verdicts of the whole suite (its other claims would read "not
-run"). A newer incomplete session is not hidden either: it gets its own column beside that one,
-marked "incomplete" with why and how many tests it recorded. Two columns, one session each,
-rather than one column merging claim by claim: every entry in a column comes from one session,
-on one date, as a comparison of sessions needs. An environment with no complete session shows
-its latest one, marked. Older sessions, complete or not, are superseded and not shown.
+A comparison of two sessions, one session each, is harness.compare's job, not the ledger's.
 
 Evidence, failure messages and skip reasons are capped per entry (harness.table.cap): the
 numbers stay on the page, and each entry links to its MLflow run, whose record.json holds the
@@ -91,9 +99,26 @@ Comparison = str | Sequence[Mapping[str, object]] | None
 
 
 @dataclass
+class Session:
+    """A session a ledger column draws from."""
+
+    name: str
+    url: str | None  # its parent run, when MLflow has one
+    started: float  # seconds since the epoch
+    commit: str  # the git commit it ran ("-dirty": with uncommitted edits)
+    incomplete: str  # why it is incomplete, with its test count; "" if complete
+    runs: list = field(default_factory=list, repr=False)  # the MLflow runs of its tests
+    shown: int = 0  # how many of the column's tests come from it
+
+    @property
+    def when(self) -> str:
+        return _when(self.started)
+
+
+@dataclass
 class Entry:
-    """One test's verdict on one claim, as it counts (harness.verdicts), with the link to its
-    MLflow run."""
+    """One test's verdict on one claim, as it counts (harness.verdicts), with the session it
+    came from, its age and the link to its MLflow run."""
 
     claim: str
     verdict: str  # the status's label: "partly", "failed (was: partly)", "skipped", ...
@@ -101,6 +126,8 @@ class Entry:
     evidence: str
     test: str  # pytest node id
     url: str
+    session: Session
+    age: str  # "3 h ago", at the time the report was built
 
 
 @dataclass
@@ -114,21 +141,13 @@ class Cell:
 
 @dataclass
 class Environment:
-    """One ledger column: one session of one environment (see the module docstring)."""
+    """One ledger column: an environment, per test its latest run (the module docstring)."""
 
-    facts: dict[str, str]  # the env.* tags, without the prefix
+    facts: dict[str, str]  # the facts that make it (fingerprint.identity), without "env."
     label: str
-    session_name: str
-    session_url: str | None  # the session's parent run, when there is one
-    started: float  # seconds since the epoch
-    tests: list = field(default_factory=list)  # MLflow runs of the session's tests
-    incomplete: str = ""  # why the session is incomplete, with its test count; "" if complete
-    beside: bool = False  # incomplete and newer than the environment's complete column
-
-    @property
-    def heading(self) -> str:
-        """The column's name: the environment, and "incomplete" for an incomplete session."""
-        return f"{self.label} (incomplete)" if self.incomplete else self.label
+    sessions: list[Session]  # since its latest complete session, newest first
+    tests: list = field(default_factory=list)  # the MLflow run shown for each test
+    session_of: dict[str, Session] = field(default_factory=dict)  # run id -> its session
 
 
 @dataclass
@@ -161,18 +180,18 @@ def build(
     ui = _ui(tracking_uri)
 
     def link(run_id: str) -> str:
-        return f"{ui}/#/experiments/{experiment_id}/runs/{run_id}"
+        return tracking.ui_url(ui, experiment_id, run_id)
 
-    environments = _latest_sessions(runs, link)
+    built = time.time()
+    environments = _environments(runs, link)
     uncovered, undecided = _uncovered(runs)
     ledger = [
-        (claim, [_cell(claim.id, env, link) for env in environments])
+        (claim, [_cell(claim.id, env, link, built) for env in environments])
         for claim in catalogue().values()
     ]
     differ = differences.find(
         (claim.id for claim in catalogue().values()), _columns_compared(environments, ledger)
     )
-    built = time.time()
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     work.chmod(0o755)  # mkdtemp's 0o700 would hide the report from the people it is for
@@ -299,7 +318,7 @@ def _diagnoses(client, ui: str) -> list[dict]:
     link and its reasons capped for the page."""
     found = diagnoses.latest(client)
     for d in found:
-        d["url"] = f"{ui}/#/experiments/{d['experiment_id']}/runs/{d['run_id']}"
+        d["url"] = tracking.ui_url(ui, d["experiment_id"], d["run_id"])
         d["when"] = _when(d["started"] / 1000)
         d["recipes"] = [
             (recipe, status, cap(reasons, "in the MLflow run", chars=600))
@@ -312,84 +331,96 @@ def _env(run) -> dict[str, str]:
     return {k[4:]: v for k, v in run.data.tags.items() if k.startswith("env.")}
 
 
-def _latest_sessions(runs: list, link) -> list[Environment]:
-    """The ledger's columns: per distinct set of env.* tags, its latest complete session, and
-    beside it a newer incomplete one (the module docstring says why)."""
+def _environments(runs: list, link) -> list[Environment]:
+    """The ledger's columns: per environment, per test, its latest run since the environment's
+    latest complete session (the module docstring says why)."""
     from harness import fingerprint  # here: it imports torch, which `amp-harness ui` never needs
 
-    sessions: dict[str, dict] = {}
-    for run in runs:
-        tags = run.data.tags
-        kind, sid = tags.get("amp.kind"), tags.get("amp.session_id")
-        if kind not in ("session", "test") or not sid:
-            continue  # not a harness run
-        session = sessions.setdefault(
-            sid,
-            {
-                "env": _env(run),
-                "started": run.info.start_time,
-                "name": sid,
-                "url": None,
-                "parent": None,
-                "tests": [],
-            },
-        )
-        if kind == "session":
-            session.update(
-                env=_env(run),
-                started=run.info.start_time,
-                name=run.info.run_name,
-                url=link(run.info.run_id),
-                parent=run,
-            )
-        else:
-            session["tests"].append(run)
-            session["started"] = min(session["started"], run.info.start_time)
-    by_env: dict[tuple, list[dict]] = defaultdict(list)
-    for session in sessions.values():
-        by_env[tuple(sorted(session["env"].items()))].append(session)
+    by_env: dict[tuple, list[Session]] = defaultdict(list)
+    for facts, session in _sessions(runs, link):
+        by_env[tuple(sorted(fingerprint.identity(facts).items()))].append(session)
     environments = []
-    for group in by_env.values():
-        for session in group:
-            session["incomplete"] = _incomplete(session["parent"], session["tests"])
-        newest = max(group, key=lambda s: s["started"])
-        complete = [s for s in group if not s["incomplete"]]
-        shown = [max(complete, key=lambda s: s["started"])] if complete else []
-        if newest not in shown:  # no complete session, or one newer than the complete one
-            shown.append(newest)
-        label = fingerprint.label(defaultdict(lambda: "n/a", newest["env"]))
-        environments += [
-            Environment(
-                facts=session["env"],
-                label=label,
-                session_name=session["name"],
-                session_url=session["url"],
-                started=session["started"] / 1000,
-                tests=sorted(session["tests"], key=lambda r: r.data.tags.get("amp.test", "")),
-                incomplete=session["incomplete"],
-                beside=session is not shown[0],
-            )
-            for session in shown
-        ]
-    # By hardware, then torch release as numbers (2.4 before 2.13), then the environment (so
-    # that its two columns stay side by side), then time.
+    for identity, group in by_env.items():
+        facts = dict(identity)
+        environments.append(
+            _column(facts, fingerprint.label(defaultdict(lambda: "n/a", facts)), group)
+        )
+    # By hardware, then torch release as numbers (2.4 before 2.13), then the rest of the facts.
     environments.sort(
         key=lambda env: (
             fingerprint.hardware(defaultdict(lambda: "n/a", env.facts)),
             version_key(env.facts.get("torch", "")),
             env.label,
             sorted(env.facts.items()),
-            env.started,
         )
     )
     _disambiguate(environments)
     return environments
 
 
+def _sessions(runs: list, link) -> list[tuple[dict[str, str], Session]]:
+    """Every harness session in `runs`, with its env.* facts: its parent run's, or its tests'
+    where MLflow has no parent run."""
+    found: dict[str, dict] = {}
+    for run in runs:
+        tags = run.data.tags
+        kind, sid = tags.get("amp.kind"), tags.get("amp.session_id")
+        if kind not in ("session", "test") or not sid:
+            continue  # not a harness run
+        session = found.setdefault(
+            sid, {"env": _env(run), "started": run.info.start_time, "parent": None, "tests": []}
+        )
+        if kind == "session":
+            session.update(env=_env(run), started=run.info.start_time, parent=run)
+        else:
+            session["tests"].append(run)
+            session["started"] = min(session["started"], run.info.start_time)
+    return [
+        (
+            s["env"],
+            Session(
+                name=s["parent"].info.run_name if s["parent"] else sid,
+                url=link(s["parent"].info.run_id) if s["parent"] else None,
+                started=s["started"] / 1000,
+                commit=s["env"].get("git_commit", "unknown"),
+                incomplete=_incomplete(s["parent"], s["tests"]),
+                runs=s["tests"],
+            ),
+        )
+        for sid, s in found.items()
+    ]
+
+
+def _column(facts: dict[str, str], label: str, group: list[Session]) -> Environment:
+    """One environment's column from its sessions: per test, its latest run since the latest
+    complete session that ran tests (from all its sessions where none did)."""
+    group = sorted(group, key=lambda s: s.started, reverse=True)
+    complete = next((i for i, s in enumerate(group) if not s.incomplete and s.runs), len(group) - 1)
+    since = group[: complete + 1]
+    latest: dict[str, tuple] = {}  # test -> (its run, its session)
+    for session in reversed(since):  # oldest first: a later run replaces an earlier one
+        for run in sorted(session.runs, key=lambda r: r.info.start_time):
+            test = run.data.tags.get("amp.test", run.info.run_name)
+            if run.data.tags.get(COMPLETE) == "false":
+                continue  # partly logged: `amp-harness sync` logs it again
+            if run.data.tags.get("outcome") == "interrupted" and test in latest:
+                continue  # Ctrl-C decided nothing: the earlier run stands
+            latest[test] = (run, session)
+    for _run, session in latest.values():
+        session.shown += 1
+    return Environment(
+        facts=facts,
+        label=label,
+        sessions=since,
+        tests=[run for _test, (run, _session) in sorted(latest.items())],
+        session_of={run.info.run_id: session for run, session in latest.values()},
+    )
+
+
 def _incomplete(parent, tests: list) -> str:
     """Why a session is incomplete, with what it recorded; "" for a complete one (the module
     docstring's rule). `parent`: its session run, None where MLflow has none."""
-    recorded = f"{len(tests)} test{'s' if len(tests) != 1 else ''} recorded"
+    recorded = f"{_plural(len(tests), 'test')} recorded"
     if parent is None:
         return f"no session run in MLflow; {recorded}"
     status = parent.info.status
@@ -420,13 +451,13 @@ def _incomplete(parent, tests: list) -> str:
 
 
 def _disambiguate(environments: list[Environment]) -> None:
-    """Environments with the same label get the facts that tell them apart (git commit, ...);
-    an environment's two columns (complete, incomplete) share its label."""
+    """Environments with the same label get the facts that tell them apart (Python, a TF32
+    flag, ...): every column's label is its own."""
     by_label: dict[str, list[Environment]] = defaultdict(list)
     for env in environments:
         by_label[env.label].append(env)
     for same in by_label.values():
-        if len({tuple(sorted(env.facts.items())) for env in same}) < 2:
+        if len(same) < 2:
             continue
         keys = sorted({k for env in same for k in env.facts})
         differing = [k for k in keys if len({env.facts.get(k, "n/a") for env in same}) > 1]
@@ -452,7 +483,7 @@ def _kind(status: verdicts.Status) -> str:
     return {verdicts.REGRESSION: "capability-regression"}.get(status.kind, status.kind)
 
 
-def _cell(claim: str, env: Environment, link) -> Cell:
+def _cell(claim: str, env: Environment, link, now: float) -> Cell:
     entries, statuses = [], []
     for run in env.tests:
         if claim not in run.data.tags.get("claims", "").split(","):
@@ -467,6 +498,8 @@ def _cell(claim: str, env: Environment, link) -> Cell:
                 evidence=cap(status.evidence, IN_MLFLOW),
                 test=status.test,
                 url=link(run.info.run_id),
+                session=env.session_of[run.info.run_id],
+                age=_age(now - env.session_of[run.info.run_id].started),
             )
         )
     return Cell(verdicts.aggregate(statuses), entries)
@@ -475,16 +508,14 @@ def _cell(claim: str, env: Environment, link) -> Cell:
 def _columns_compared(
     environments: list[Environment], ledger: list[tuple]
 ) -> list[differences.Column]:
-    """The complete columns as harness.differences compares them: the verdicts that stand and
-    the key metrics of each test. An incomplete column says too little to differ."""
+    """The columns as harness.differences compares them: the verdicts that stand and the key
+    metrics of each test."""
     columns = []
     for index, env in enumerate(environments):
-        if env.incomplete:
-            continue
         cells = {claim.id: cells[index] for claim, cells in ledger}
         columns.append(
             differences.Column(
-                label=env.heading,
+                label=env.label,
                 device=env.facts.get("device", "?"),
                 torch=env.facts.get("torch", "0.0"),
                 verdicts={c: cell.verdict.label for c, cell in cells.items() if _stands(cell)},
@@ -596,7 +627,7 @@ def _overview(environments: list[Environment], counts: list[Counter], work: Path
 
     fig = MplFigure(figsize=(9, 0.6 + 0.55 * len(environments)), layout="constrained")
     ax = fig.subplots()
-    labels = [env.heading for env in environments]  # distinct: barh merges equal labels
+    labels = [env.label for env in environments]  # distinct (_disambiguate): barh merges equal ones
     left = [0] * len(environments)
     for kind, colour in COLOURS.items():
         widths = [c.get(kind, 0) for c in counts]
@@ -604,7 +635,7 @@ def _overview(environments: list[Environment], counts: list[Counter], work: Path
             ax.barh(labels, widths, left=left, color=colour, label=kind)
             left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()
-    ax.set_xlabel("verdicts in the session shown (one per claim and test)")
+    ax.set_xlabel("verdicts in the ledger (one per claim and test)")
     ax.legend(ncols=6, fontsize="small", loc="lower left", bbox_to_anchor=(0, 1.02))
     file = "verdicts.png"
     fig.savefig(work / file, dpi=100)
@@ -633,19 +664,23 @@ def _markdown(context: dict) -> str:
         f"# {context['title']}",
         "",
         f"Built {context['built']} from {context['source']} (experiment "
-        f"`{context['experiment']}`); the latest complete session of each environment, and "
-        "beside it a newer session that did not complete, marked incomplete. Evidence longer "
-        f"than {context['evidence_chars']} characters is cut: each entry's MLflow run holds "
-        "it whole (record.json).",
+        f"`{context['experiment']}`): per environment, each test's latest run since its latest "
+        "complete session, with the session it came from. Evidence longer than "
+        f"{context['evidence_chars']} characters is cut: each entry's MLflow run holds it "
+        "whole (record.json).",
         "",
     ]
-    lines += [
-        f"- **{_md(env.heading)}**: session of {_when(env.started)}, {len(env.tests)} tests"
-        + (f": incomplete: {_md(env.incomplete)}" if env.incomplete else "")
-        for env in environments
-    ] or ["No harness runs in this experiment yet."]
+    for env in environments:
+        lines.append(f"- **{_md(env.label)}**: {_plural(len(env.tests), 'test')}")
+        lines += [
+            f"  - session of {s.when} (commit {_md(s.commit)}): {_plural(s.shown, 'test')}"
+            + (f"; incomplete: {_md(s.incomplete)}" if s.incomplete else "")
+            for s in env.sessions
+        ]
+    if not environments:
+        lines.append("No harness runs in this experiment yet.")
     lines += ["", "## Verdict ledger", ""]
-    lines.append("| claim | " + " | ".join(_md(env.heading) for env in environments) + " |")
+    lines.append("| claim | " + " | ".join(_md(env.label) for env in environments) + " |")
     lines.append("|---" * (len(environments) + 1) + "|")
     for claim, cells in context["ledger"]:
         row = [
@@ -653,12 +688,12 @@ def _markdown(context: dict) -> str:
                 ([f"**{_md(cell.verdict.label)}**"] if len(cell.entries) > 1 else [])
                 + [
                     f"[{_md(e.verdict)}]({e.url}): {_md(e.evidence)} "
-                    f"({_md(e.test.split('::')[-1])})"
+                    f"({_md(e.test.split('::')[-1])}; {e.session.when}, {e.age})"
                     for e in cell.entries
                 ]
             )
-            or ("not recorded in this incomplete session" if env.incomplete else "not run")
-            for env, cell in zip(environments, cells, strict=True)
+            or "not run"
+            for cell in cells
         ]
         lines.append(f"| {claim.id} | " + " | ".join(row) + " |")
     lines += ["", "## Differences between environments", ""]
@@ -667,7 +702,7 @@ def _markdown(context: dict) -> str:
         for cid, difference in context["differences"].items()
     ] or ["The environments agree on every claim they decided, key metrics included."]
     regressions = [
-        f"- {_md(env.heading)}: {_md(what)} (tests {_md(tests)}; claims {_md(claims)})"
+        f"- {_md(env.label)}: {_md(what)} (tests {_md(tests)}; claims {_md(claims)})"
         for env, found in zip(environments, context["regressions"], strict=True)
         for what, tests, claims in found
     ]
@@ -713,6 +748,10 @@ def _columns(comparison: Comparison) -> list[str]:
     return list(dict.fromkeys(key for row in comparison for key in row))
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"
+
+
 def _md(text: str) -> str:
     """Text in a markdown table cell: no markup, no cell break, no line break."""
     return html.escape(" ".join(str(text).split()), quote=False).replace("|", "\\|")
@@ -728,6 +767,14 @@ def _data_uri(png: bytes) -> str:
 
 def _when(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+
+
+def _age(seconds: float) -> str:
+    """How long ago, in the largest unit that keeps it a whole number above 0."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit} ago"
+    return "just now"
 
 
 def _ui(uri: str) -> str:

@@ -70,13 +70,25 @@ _STATUS = {
 }
 _TAG_LIMIT = 5000  # MLflow accepts 8000 characters; evidence longer than this is cut
 RUN_NAME_CHARS = 250  # MLflow's limit on a run name
-# MLflow 3's UI opens an experiment by its kind: without this tag, on its GenAI view (traces);
-# with it, on the runs list, as for model training.
+# The experiment is model training, not GenAI: MLflow's experiment-kind tag says so to the UIs
+# that choose their view by it. MLflow 3.17's own UI ignores it (a build flag makes its
+# "GenAI | Model training" switch decide, kept in the browser, GenAI by default, and read from
+# the URL's `workflowType`): the links the harness prints carry UI_VIEW (ui_url), which opens
+# the runs list. Checked in headless Chromium by tests/test_mlflow_ui.py.
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+UI_VIEW = "workflowType=machine_learning"
 _PAGE = 5000  # runs per search call
 # An id MLflow's filter language can hold between quotes: it has no escape for a quote inside a
 # string, so any other id (a journal written by hand or by another tool) is matched here instead.
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]+")
+
+
+def ui_url(ui: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The page of an experiment's runs (or of one run) in the MLflow UI at `ui`, in its model
+    training view (UI_VIEW)."""
+    page = f"/runs/{run_id}" if run_id else ""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}{page}?{UI_VIEW}"
+
 
 # --- passwords -------------------------------------------------------------------------------
 # scheme://user:password@host, also with the URI percent-encoded inside another one

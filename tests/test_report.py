@@ -1,5 +1,6 @@
-"""The report: read from MLflow only, the latest session per environment, everything escaped,
-self-contained (a headless Chromium proves it loads nothing), and fast over 1,000 runs."""
+"""The report: read from MLflow only, per environment each test's latest run (a partial run
+refines the ledger, the commit never splits it), everything escaped, self-contained (a headless
+Chromium proves it loads nothing), and fast over 1,000 runs."""
 
 from __future__ import annotations
 
@@ -17,66 +18,17 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from browser import CHROMIUM, needs_chromium
 from conftest import REPO
 from matplotlib.image import imread
+from sessions import CPU, CPU_LABEL, GPU, GPU_LABEL, log_session, make_record, png
 
 from harness import cli, report
 from harness.claims import VERDICTS, catalogue
 from harness.errors import HarnessError
-from harness.record import Record
-from harness.tracking import MLFLOW_ENV, MlflowSink, default_uri, resolve_uri
+from harness.tracking import MLFLOW_ENV, UI_VIEW, MlflowSink, default_uri, resolve_uri
 
 SCRIPT = "<script>alert(1)</script>"
-CPU = {
-    "device": "cpu", "gpu_name": "n/a", "gpu_count": "0", "compute_capability": "n/a",
-    "driver": "n/a", "cuda": "n/a", "cudnn": "n/a", "nccl": "n/a", "torch": "2.13.0+cpu",
-    "python": "3.11.7", "platform": "Linux", "cpu": "x86_64", "harness": "0.1.0",
-    "git_commit": "0123456789ab", "tf32.cuda.matmul.allow_tf32": "False",
-    "tf32.cudnn.allow_tf32": "True",
-}  # fmt: skip
-GPU = {**CPU, "device": "cuda", "gpu_name": "NVIDIA H200", "gpu_count": "1",
-       "compute_capability": "9.0", "cuda": "12.8", "torch": "2.11.0"}  # fmt: skip
-CPU_LABEL, GPU_LABEL = "cpu x86_64 / torch 2.13.0+cpu", "NVIDIA H200 / torch 2.11.0 / CUDA 12.8"
-
-
-def png(folder: Path) -> Path:
-    """A small real PNG, written once per folder and shared by the records that log it."""
-    from matplotlib.figure import Figure
-
-    path = folder / "curve.png"
-    if not path.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        fig = Figure(figsize=(3, 2))
-        fig.subplots().plot([0, 1, 2], [2.0, 1.0, 0.5])
-        fig.savefig(path, dpi=50)
-    return path
-
-
-def make_record(test, claims, outcome="passed", message="", verdicts=(), figure_dir=None):
-    record = Record(test=f"scenarios/{test}", claims=list(claims), device="synthetic",
-                    artifact_dir=figure_dir or Path("/nonexistent"))  # fmt: skip
-    for claim, verdict, evidence in verdicts:
-        record.verdict(claim, verdict, evidence)
-    if figure_dir:
-        record.figures.append(png(figure_dir).name)
-    record.metric(loss=1.5)
-    record.outcome, record.message, record.ended = outcome, message, record.started + 1
-    return record
-
-
-def log_session(
-    sink: MlflowSink, facts: dict, started: float, records: list[Record], exitstatus: int | None = 0
-) -> None:
-    """A session as the plugin logs it; `exitstatus` None: killed before its end was logged."""
-    session = {"session_id": f"s{started:.0f}-{facts['device']}", "name": f"session {started:.0f}",
-               "started": started, "args": [], "fingerprint": facts}  # fmt: skip
-    sink.start_session(session)
-    for record in records:
-        sink.log_record(session, record)
-    if exitstatus is not None:
-        end = {"ended": started + 60, "exitstatus": exitstatus, "counts": {"passed": len(records)}}
-        sink.end_session(session, end)
-    assert sink.down is None, sink.down
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +119,11 @@ def test_ledger_has_one_column_per_environment_from_its_latest_session(built):
     assert "not run" in gpu and "v-failed" in cpu and "test failed: AssertionError" in cpu
     assert "failed (no verdict)" in cpu
     assert "not run" in cells(ledger_row(page, "PIT1-EXPLOSION"))[0]
+    # Where the environments disagree, the claim is marked and the difference is spelled out.
+    assert '<a href="#differs-FMT-BYTES">differs across environments</a>' in ledger_row(
+        page, "FMT-BYTES"
+    )
+    assert "differs across environments" not in ledger_row(page, "FMT-BITS")
 
 
 def test_a_verdict_recorded_before_a_failure_is_shown_failed_never_valid(built, store):
@@ -213,7 +170,7 @@ def test_each_verdict_links_to_its_run_in_the_mlflow_ui(built, store):
         [experiment], "tags.`evidence.FMT-BYTES` = '3 bytes'", max_results=10
     )
     page = (built / "index.html").read_text()
-    url = f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{run.info.run_id}"
+    url = f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{run.info.run_id}?{UI_VIEW}"
     assert f'<a href="{url}"' in cells(ledger_row(page, "FMT-BYTES"))[0]
     assert report._ui("https://user:secret@mlflow.example.com:8443/") == (
         "https://user@mlflow.example.com:8443"
@@ -265,9 +222,11 @@ def test_summary_md_has_the_ledger_as_a_markdown_table(built):
     rows = [line for line in lines[start + 2 :] if line.startswith("| ")]
     assert len(rows) == len(catalogue())
     assert "| FMT-BITS | [confirmed](http://127.0.0.1:5000/#/experiments/" in rows[0]
-    # The header names each environment once: its label, then its session's time and size.
-    (cpu,) = [line for line in lines[:start] if line.startswith(f"- **{CPU_LABEL}**")]
-    assert re.fullmatch(rf"- \*\*{re.escape(CPU_LABEL)}\*\*: session of [0-9: -]+, \d+ tests", cpu)
+    # The header names each environment once, then the sessions its entries come from.
+    at = lines.index(f"- **{CPU_LABEL}**: 12 tests")
+    session = r"  - session of [0-9: -]+ \(commit 0123456789ab\): 12 tests"
+    assert re.fullmatch(session, lines[at + 1])
+    assert lines[at + 2].startswith(f"- **{GPU_LABEL}**") or lines[at + 2] == ""
 
 
 def test_comparison_hook_shows_rows_and_text_escaped(store, built, tmp_path):
@@ -326,30 +285,55 @@ def test_cli_report_and_the_report_at_the_end_of_run(store, capsys, monkeypatch)
     assert cli.main(["report", "--reports", str(store), "--name", "a/b"]) == 2
 
 
-# --- sessions that did not complete --------------------------------------------------------------
+# --- partial, killed and interrupted sessions -----------------------------------------------
 
 MEGABYTE = "ratio 0.5; " * 100_000  # 1.1 MB of evidence that carries numbers
+DIRTY = {**CPU, "git_commit": "0123456789ab-dirty", "harness": "0.2.0", "platform": "Linux-6.1"}
 
 
 @pytest.fixture(scope="module")
 def unfinished(tmp_path_factory) -> Path:
-    """CPU: a complete session, then a later one killed after 1 of its tests (its parent run
-    never ended). GPU: only a session interrupted by Ctrl-C (ended, status KILLED)."""
+    """CPU, oldest first: a complete session whose test was renamed since; a complete session;
+    after a file was edited (a -dirty commit), a run of part of the suite (-k); then a session
+    killed part-way (its parent run never ended), which recorded one test interrupted by Ctrl-C
+    and one only partly logged. GPU: only a session interrupted by Ctrl-C (status KILLED)."""
     reports = tmp_path_factory.mktemp("unfinished") / "reports"
     sink = MlflowSink(default_uri(reports), reports=reports)
     now = time.time()
+    log_session(sink, CPU, now - 7200, [
+        make_record("test_f.py::test_bits", ["FMT-BITS"],
+                    verdicts=[("FMT-BITS", "refuted", "superseded: 4/11 bits")]),
+        make_record("test_f.py::test_speed_old_name", ["FMT-SPEED"],
+                    verdicts=[("FMT-SPEED", "confirmed", "renamed since: 2x")]),
+    ])  # fmt: skip
     log_session(sink, CPU, now - 3600, [
         make_record("test_f.py::test_bits", ["FMT-BITS"],
                     verdicts=[("FMT-BITS", "confirmed", "complete session: 5/10 bits")]),
-        make_record("test_f.py::test_bytes", ["FMT-BYTES"],
+        make_record("test_f.py::test_bytes", ["FMT-BYTES"], figure_dir=reports / "fig",
                     verdicts=[("FMT-BYTES", "confirmed", "complete session: 2 vs 4 bytes")]),
         make_record("test_f.py::test_range", ["FMT-RANGE"],
                     verdicts=[("FMT-RANGE", "partly", MEGABYTE)]),
+        make_record("test_f.py::test_under", ["NUM-UNDERFLOW"],
+                    verdicts=[("NUM-UNDERFLOW", "partly", "complete session: 2e-8 -> 0")]),
     ])  # fmt: skip
-    log_session(sink, CPU, now - 600, [
+    log_session(sink, DIRTY, now - 1800, [
         make_record("test_f.py::test_bits", ["FMT-BITS"],
-                    verdicts=[("FMT-BITS", "refuted", "killed session: 6/9 bits")]),
+                    verdicts=[("FMT-BITS", "refuted", "partial run: 6/9 bits")]),
+    ], left_out=("tests selected with -k 'bits'",))  # fmt: skip
+    log_session(sink, DIRTY, now - 600, [
+        make_record("test_f.py::test_under", ["NUM-UNDERFLOW"], outcome="interrupted",
+                    message="KeyboardInterrupt"),
+        make_record("test_f.py::test_bytes", ["FMT-BYTES"],
+                    verdicts=[("FMT-BYTES", "refuted", "partly logged: 3 bytes")]),
     ], exitstatus=None)  # fmt: skip
+    from mlflow import MlflowClient
+
+    client = MlflowClient(default_uri(reports))
+    (half,) = client.search_runs(
+        [client.get_experiment_by_name("amp-harness").experiment_id],
+        "tags.`evidence.FMT-BYTES` = 'partly logged: 3 bytes'",
+    )
+    client.set_tag(half.info.run_id, "amp.complete", "false")  # killed while it logged
     log_session(sink, GPU, now - 1200, [
         make_record("test_f.py::test_bytes", ["FMT-BYTES"],
                     verdicts=[("FMT-BYTES", "confirmed", "interrupted session: 2 bytes")]),
@@ -357,32 +341,60 @@ def unfinished(tmp_path_factory) -> Path:
     return report.build(default_uri(reports), report.report_dir(reports)).parent
 
 
-def columns(row: str) -> list[str]:
-    return re.findall(r"<td(?: class=\"incomplete\")?>(.*?)</td>", row, re.S)
-
-
-def test_a_killed_session_is_marked_and_never_hides_the_last_complete_verdicts(unfinished):
+def test_a_partial_run_refines_the_ledger_and_an_edit_never_splits_it(unfinished):
     page = (unfinished / "index.html").read_text()
     header = page.split('<table class="ledger">')[1].split("</thead>")[0]
-    headings = [" ".join(h.split()) for h in re.findall(r"<th[^>]*>(.*?)</th>", header, re.S)]
-    assert headings[1:] == [
-        f'{GPU_LABEL} (incomplete)<div class="marker">incomplete: killed or interrupted '
-        "(MLflow status KILLED); 1 test recorded</div>",
-        CPU_LABEL,
-        f'{CPU_LABEL} (incomplete)<div class="marker">incomplete: did not end (MLflow status '
-        "RUNNING): killed, crashed or still running; 1 test recorded</div>",
+    # One column per environment: the -dirty commit and another harness version are one CPU.
+    assert re.findall(r"<th>(.*?)</th>", header) == ["claim", GPU_LABEL, CPU_LABEL]
+    gpu, cpu = cells(ledger_row(page, "FMT-BITS"))
+    assert "partial run: 6/9 bits" in cpu and "complete session" not in cpu  # -k refined it
+    assert re.search(r"&middot; [0-9: -]+, 30 min ago</span>", cpu)  # its session and age
+    gpu, cpu = cells(ledger_row(page, "FMT-BYTES"))
+    assert "complete session: 2 vs 4 bytes" in cpu and "1 h ago" in cpu  # -k did not erase it
+    assert "partly logged" not in page  # a half-logged run never shows
+    assert "interrupted session: 2 bytes" in gpu  # an environment with no complete session
+    _gpu, cpu = cells(ledger_row(page, "NUM-UNDERFLOW"))
+    # Ctrl-C decided nothing: the run before it stands.
+    assert "complete session: 2e-8 -&gt; 0" in cpu and "interrupted" not in cpu
+    # A test gone from the latest complete session (renamed) is gone from the ledger.
+    assert "renamed since" not in page and "superseded" not in page
+    assert "not run" in cells(ledger_row(page, "FMT-SPEED"))[1]
+    # The figures of every test shown, whichever session they came from.
+    figures = page.split('<section id="figures">')[1]
+    assert "<h4>scenarios/test_f.py::test_bytes</h4>" in figures
+
+
+def test_the_sessions_behind_a_column_are_listed_with_commit_and_why_incomplete(unfinished):
+    page = " ".join((unfinished / "index.html").read_text().split())
+    envs = page.split('<ul class="envs">')[1].split("</header>")[0]
+    cpu = envs.split(f"<strong>{CPU_LABEL}</strong>")[1]
+    listed = r"<li[^>]*>session of ([0-9: -]+), commit <code>([^<]+)</code>: (\d+) tests?"
+    sessions = re.findall(listed, cpu)
+    assert [(commit, int(n)) for _when, commit, n in sessions] == [
+        ("0123456789ab-dirty", 0),  # the killed session: nothing it recorded is shown
+        ("0123456789ab-dirty", 1),  # the -k run
+        ("0123456789ab", 3),  # the complete session; the older one before it is not listed
     ]
-    gpu, cpu, killed = columns(ledger_row(page, "FMT-BYTES"))
-    assert "complete session: 2 vs 4 bytes" in cpu  # not "not run": the killed one never ran it
-    assert "not recorded in this incomplete session" in killed
-    assert "interrupted session: 2 bytes" in gpu  # no complete session: shown, marked
-    gpu, cpu, killed = columns(ledger_row(page, "FMT-BITS"))
-    assert "complete session: 5/10 bits" in cpu and "killed session: 6/9 bits" in killed
+    assert "did not end (MLflow status RUNNING): killed, crashed or still running" in cpu
+    assert "ran part of the suite (tests selected with -k &#39;bits&#39;)" in cpu
+    gpu = envs.split(f"<strong>{GPU_LABEL}</strong>")[1].split(f"<strong>{CPU_LABEL}")[0]
+    assert "killed or interrupted (MLflow status KILLED); 1 test recorded" in gpu
     lines = (unfinished / "summary.md").read_text().splitlines()
-    assert f"| claim | {GPU_LABEL} (incomplete) | {CPU_LABEL} | {CPU_LABEL} (incomplete) |" in lines
-    (row,) = [line for line in lines if line.startswith("| FMT-BYTES |")]
-    assert "complete session: 2 vs 4 bytes" in row
-    assert row.endswith("| not recorded in this incomplete session |")
+    assert f"| claim | {GPU_LABEL} | {CPU_LABEL} |" in lines
+    (row,) = [line for line in lines if line.startswith("| FMT-BITS |")]
+    assert "partial run: 6/9 bits" in row and "30 min ago)" in row
+    at = lines.index(f"- **{CPU_LABEL}**: 4 tests")
+    assert re.fullmatch(r"  - session of [0-9: -]+ \(commit 0123456789ab\): 3 tests", lines[at + 3])
+    assert lines[at + 2].endswith("; incomplete: ran part of the suite (tests selected with "
+                                  "-k 'bits'); 1 test recorded")  # fmt: skip
+
+
+def test_an_environment_is_what_changes_behaviour_not_the_commit():
+    from harness import fingerprint
+
+    assert fingerprint.identity(CPU) == fingerprint.identity(DIRTY)
+    assert fingerprint.identity(CPU) != fingerprint.identity(GPU)
+    assert "torch" in fingerprint.identity(CPU) and "git_commit" not in fingerprint.identity(CPU)
 
 
 def parent_run(status: str, end_time: int | None, tags=None, **metrics: float) -> SimpleNamespace:
@@ -426,12 +438,12 @@ def test_which_sessions_are_incomplete(parent, tests, why):
 
 def test_a_megabyte_of_evidence_is_cut_on_the_page_and_links_to_its_run(unfinished):
     page = (unfinished / "index.html").read_text()
-    _gpu, cpu, _killed = columns(ledger_row(page, "FMT-RANGE"))
+    _gpu, cpu = cells(ledger_row(page, "FMT-RANGE"))
     shown = re.search(r'<span class="evidence">(.*?)</span>', cpu, re.S).group(1)
     assert shown.startswith("ratio 0.5; ratio 0.5;") and len(shown) < 1700
     assert re.search(rf"… \([\d,]+ more characters {report.IN_MLFLOW}\)$", shown)
     assert report.IN_MLFLOW == "cut here; record.json in its MLflow run holds the full text"
-    assert re.search(r'<a href="http://127.0.0.1:5000/#/experiments/\d+/runs/\w+"', cpu)
+    assert re.search(r'<a href="http://127.0.0.1:5000/#/experiments/\d+/runs/\w+\?', cpu)
     assert len(page) < 200_000
     assert len((unfinished / "summary.md").read_text()) < 20_000
 
@@ -497,13 +509,6 @@ def test_report_of_a_real_formats_session(pytester, monkeypatch):
 
 
 # --- headless Chromium -------------------------------------------------------------------------
-
-CHROMIUM = shutil.which("chromium") or next(
-    (p for p in ("/usr/bin/chromium",) if Path(p).exists()), None
-)
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="needs chromium (Debian: apt-get install -y chromium)"
-)
 
 
 def chromium(page: Path, tmp: Path, *mode: str) -> str:

@@ -1,0 +1,145 @@
+"""Headless Chromium for the tests that read what a person sees (the report, the MLflow UI) and
+for scripts/screenshots: where Chromium is, `amp-harness ui` started and stopped, and the few
+steps of MLflow 3.17's runs list a person takes (playwright drives the system's Chromium: it
+downloads no browser).
+
+The MLflow selectors are the UI's own names: its search box's placeholder, its grid's column
+id for run names and the component id of the run-name cell's expand button. A new MLflow that
+renames them fails these tests with the selector named, which is the point: the docs and the
+screenshots describe that UI."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or next(
+    (p for p in ("/usr/bin/chromium",) if Path(p).exists()), None
+)
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="needs chromium (Debian: apt-get install -y chromium)"
+)
+SEARCH_BOX = re.compile(r"metrics\.rmse")  # the runs list's search box, by its placeholder
+RUN_NAMES = '[role="gridcell"][col-id="attributes.`Run Name`"]'
+EXPAND = 'button[data-component-id*="runnamecellrenderer"]'  # a parent run's +/- button
+LISTED = re.compile(r"\d+ matching runs?")  # the runs list's footer
+
+
+def start_ui(reports: Path) -> tuple[subprocess.Popen, int, list[str]]:
+    """`amp-harness ui` on a free port, as a person starts it, once it says that it answers (or
+    has ended): the process, its port, and the lines it printed."""
+    with socket.socket() as probe:  # a port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "ui", "--reports", str(reports), "--port",
+         str(port)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines = []
+    for line in ui.stdout:  # "starting", then "answering" once /health answers
+        lines.append(line)
+        if "answering" in line:
+            break
+    return ui, port, lines
+
+
+@contextlib.contextmanager
+def mlflow_ui(reports: Path) -> Iterator[str]:
+    """`amp-harness ui` (start_ui); yields the runs page it prints, and stops it with SIGTERM
+    (SIGKILL if it hangs)."""
+    ui, _port, lines = start_ui(reports)
+    try:
+        found = re.search(r"; the runs: (\S+)", lines[-1] if lines else "")
+        assert found, f"`amp-harness ui` printed no runs page: {lines}"
+        yield found.group(1)
+    finally:
+        ui.send_signal(signal.SIGTERM)
+        try:
+            ui.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            ui.kill()
+            ui.communicate()
+
+
+@contextlib.contextmanager
+def browser_page(width: int = 1600, height: int = 1000):
+    """A page of the system's headless Chromium, kept off the network but for loopback."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+            ],
+        )
+        try:
+            yield browser.new_page(viewport={"width": width, "height": height})
+        finally:
+            browser.close()
+
+
+def open_runs(page, url: str) -> None:
+    """Open a runs page and wait for its list (its footer counts the runs)."""
+    page.goto(url)
+    page.get_by_text(LISTED).wait_for(timeout=60_000)
+    close = page.get_by_role("button", name="Close")  # the assistant's panel, when it shows
+    if close.count():
+        close.first.click()
+
+
+def search(page, query: str) -> None:
+    """Type a search into the runs list, as a person does, and wait for the runs it found."""
+    box = page.get_by_placeholder(SEARCH_BOX)
+    box.fill(query)
+    with page.expect_response(lambda answer: "/runs/search" in answer.url, timeout=30_000):
+        box.press("Enter")
+    page.get_by_text(LISTED).wait_for()
+    page.wait_for_timeout(300)  # the grid draws the rows after the answer
+
+
+def expand_sessions(page) -> None:
+    """Open every session (parent run) to show its test runs. The button toggles, and the UI
+    keeps what was open across searches: a click that hid rows is undone."""
+    rows = page.locator(RUN_NAMES)
+    for button in page.locator(EXPAND).all():
+        shown = rows.count()
+        button.click()
+        page.wait_for_timeout(300)
+        if rows.count() < shown:
+            button.click()
+            page.wait_for_timeout(300)
+
+
+def run_names(page) -> list[str]:
+    """The run names the list shows, without the colour swatch's text."""
+    return [text.split("\n")[-1] for text in page.locator(RUN_NAMES).all_inner_texts()]
+
+
+def widen_run_names(page, pixels: int = 420) -> None:
+    """Drag the Run Name column wider, so that a screenshot shows whole names (the grid may
+    lay its columns out again once the runs arrive: tried until the column is wider)."""
+    header = page.locator('[role="columnheader"][col-id="attributes.`Run Name`"]')
+    handle = header.locator(".ag-header-cell-resize")
+    before = header.bounding_box()["width"]
+    for _attempt in range(3):
+        handle.hover()
+        box = handle.bounding_box()
+        page.mouse.down()
+        page.mouse.move(box["x"] + pixels, box["y"] + box["height"] / 2, steps=8)
+        page.mouse.up()
+        page.wait_for_timeout(300)
+        if header.bounding_box()["width"] > before + pixels / 2:
+            return
