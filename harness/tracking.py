@@ -199,7 +199,10 @@ def client(uri: str):
     stray = [p for p in (literal, *literal.parents) if not p.exists()] if (
         store.parent != literal) else []  # fmt: skip
     # An empty store gets its tables from the first client that opens it; two sessions opening
-    # a new store at once would both create them ("table ... already exists").
+    # a new store at once would both create them ("table ... already exists"). MLflow says so in
+    # two INFO lines on the user's terminal, above the session's first line: the session names
+    # its store itself at its end.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     with _locked(store.with_name(f".{store.name}.lock")):
         made = MlflowClient(tracking_uri=uri)
     for folder in stray:  # the deepest first; a folder with anything in it stays

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -19,9 +20,13 @@ from harness import claims, cli, contract
 
 
 def amp(*args: str, cwd) -> subprocess.CompletedProcess:
+    """`amp-harness ARGS` as a user runs it. Not as an xdist worker: under `pytest -n`, the
+    inherited PYTEST_XDIST_WORKER would make the inner session's pytest-benchmark warn that
+    xdist disabled its benchmarks, an error under tox.ini's filterwarnings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     return subprocess.run(
         [sys.executable, "-m", "harness.cli", *args], cwd=cwd, capture_output=True, text=True,
-        timeout=300,
+        timeout=300, env=env,
     )  # fmt: skip
 
 

@@ -519,6 +519,19 @@ def test_a_truncated_store_says_how_to_recover(pytester):
     assert_each_record_once_and_whole(journal(pytester), fresh(pytester.path / "reports"))
 
 
+def test_a_new_store_is_made_without_mlflow_s_lines_on_the_terminal(tmp_path):
+    # In a new process: MLflow sets up its log handler once per process, on import.
+    made = subprocess.run(
+        [sys.executable, "-c", "import sys; from harness.tracking import client; "
+         "client(sys.argv[1]).search_experiments()", default_uri(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "mlflow.db").is_file()  # the tables were made...
+    assert "Creating initial MLflow database tables" not in made.stderr  # ...without saying so
+    assert "INFO" not in made.stderr, made.stderr
+
+
 HOLD_THE_STORE_LOCKED = """
 import sqlite3, sys
 from harness.tracking import client
