@@ -448,17 +448,18 @@ def _new(args: argparse.Namespace) -> int:
     from harness import contract  # it imports pytest: only the commands that need it pay
 
     claim_id, statement = args.claim or (None, None)
+    catalogue_path = _project_catalogue(args)
     path, claim = contract.new_scenario(
         args.name,
         Path(args.scenarios),
-        _project_catalogue(args),
+        catalogue_path,
         claim_id=claim_id,
         statement=statement,
         source=args.source,
     )
     print(
         f"wrote {path}: a working scenario of claim {claim.id}, added to "
-        f"{_project_catalogue(args)}. Make it yours with docs/writing-a-scenario.md, then "
+        f"{catalogue_path}. Make it yours with docs/writing-a-scenario.md, then "
         f"`amp-harness validate` and `pytest {path}`"
     )
     return 0
@@ -467,7 +468,7 @@ def _new(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from harness import contract
 
-    problems = contract.check(Path(args.scenarios))
+    problems = contract.check(Path(args.scenarios), _project_catalogue(args))
     for problem in problems:
         print(problem)
     files = len(list(Path(args.scenarios).glob("test_*.py")))
@@ -483,18 +484,11 @@ def _diagnose(args: argparse.Namespace) -> int:
     file, then in MLflow; print the table."""
     import shutil
 
-    import torch
+    from harness import devices, diagnose, diagnoses
 
-    from harness import diagnose, diagnoses
-
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise HarnessError("--device cuda: torch sees no CUDA GPU here (use --device cpu or auto)")
     found = diagnose.diagnose(
-        args.factory, device, steps=args.steps, lr=args.lr, optimizer=args.optimizer,
-        names=args.recipes or diagnose.RECIPES,
+        args.factory, devices.resolve(args.device, "--device"), steps=args.steps, lr=args.lr,
+        optimizer=args.optimizer, names=args.recipes or diagnose.RECIPES,
     )  # fmt: skip
     saved = diagnoses.save(found, Path(args.reports))
     width = shutil.get_terminal_size((100, 24)).columns
@@ -505,7 +499,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         return 0
     try:
         uri = resolve_uri(args.tracking_uri, Path(args.reports))
-        run_id = diagnoses.log(found, uri, saved)
+        run_id = diagnoses.log(found, uri, saved, Path(args.reports))
     except Exception as exc:  # a dead server, an unopenable store: the file holds everything
         print(f"MLflow: not logged ({redact(str(exc))}); the diagnosis is in {saved}")
         return 0
@@ -645,6 +639,7 @@ def parser() -> argparse.ArgumentParser:
     validate_help = "check every scenario file against the contract; exit 1 on any problem"
     validate = sub.add_parser("validate", help=validate_help, description=validate_help)
     validate.add_argument("--scenarios", default="scenarios", help="scenario folder")
+    validate.add_argument("--claims", default=None, metavar="PATH", help=claims_help)
     return top
 
 

@@ -403,15 +403,15 @@ def _nvml_max_power_w(uuid: str) -> float | None:
         nvml.nvmlShutdown()
 
 
-def resolve(choice: str) -> DeviceInfo:
-    """Turn --amp-device auto|cpu|cuda into a probed device, or a clear error."""
+def resolve(choice: str, option: str = "--amp-device") -> DeviceInfo:
+    """Turn `option` auto|cpu|cuda into a probed device, or a clear error naming `option`."""
     if choice not in DEVICE_CHOICES:
-        raise HarnessError(f"--amp-device {choice!r}: use one of {', '.join(DEVICE_CHOICES)}")
+        raise HarnessError(f"{option} {choice!r}: use one of {', '.join(DEVICE_CHOICES)}")
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
         raise HarnessError(
-            f"--amp-device cuda: {_no_cuda_reason()}. Run with --amp-device cpu (or auto) here, "
+            f"{option} cuda: {_no_cuda_reason()}. Run with {option} cpu (or auto) here, "
             "or on a machine with an NVIDIA GPU and a CUDA build of torch."
         )
     return probe(choice)

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.text import Text
 
 from harness import tracking
+from harness.errors import HarnessError
 from harness.table import cap
 
 if TYPE_CHECKING:  # harness.diagnose imports torch, which the report reading runs never needs
@@ -49,13 +50,15 @@ def save(diagnosis: Diagnosis, reports: Path) -> Path:
     return path
 
 
-def log(diagnosis: Diagnosis, uri: str, saved: Path) -> str:
-    """The diagnosis as one MLflow run; its id."""
+def log(diagnosis: Diagnosis, uri: str, saved: Path, reports: Path) -> str:
+    """The diagnosis as one MLflow run; its id. The experiment is made as the scenarios' is
+    (MlflowSink): on the embedded store, its artifacts go to reports/mlartifacts."""
     from mlflow.entities import Metric, Param
 
-    client = tracking.client(uri)
-    found = client.get_experiment_by_name(EXPERIMENT)
-    experiment = found.experiment_id if found else client.create_experiment(EXPERIMENT)
+    sink = tracking.MlflowSink(uri, EXPERIMENT, reports)
+    if sink.down:
+        raise HarnessError(sink.down)
+    client, experiment = sink.client, sink.experiment_id()
     tags = {
         "mlflow.runName": f"diagnose {diagnosis.factory}",
         "amp.kind": KIND,

@@ -353,7 +353,10 @@ class MlflowSink:
             log.info("MLflow at %s: %s", self.label, self.down)
             return None
 
-    def _experiment(self) -> str:
+    def experiment_id(self) -> str:
+        """The experiment's id, created on first use: its artifacts beside the embedded store
+        (reports/mlartifacts, not MLflow's ./mlruns), tagged EXPERIMENT_TAGS, following a moved
+        store."""
         if self._experiment_id is None:
             found = self.client.get_experiment_by_name(self.experiment)
             if found is None:
@@ -406,7 +409,7 @@ class MlflowSink:
     def _session_runs(self, session_id: str) -> list:
         """Every active run of the session, parent and children."""
         query = f"tags.`amp.session_id` = '{session_id}'" if _PLAIN_ID.fullmatch(session_id) else ""
-        found = search_runs(self.client, self._experiment(), query)
+        found = search_runs(self.client, self.experiment_id(), query)
         return [r for r in found if r.data.tags.get("amp.session_id") == session_id]
 
     def _parent(self, session: dict) -> str:
@@ -426,7 +429,7 @@ class MlflowSink:
         }
         # _clean redacts again: a journal written before a form of password was known keeps it.
         run = self.client.create_run(
-            self._experiment(), int(session["started"] * 1000), _clean(tags)
+            self.experiment_id(), int(session["started"] * 1000), _clean(tags)
         )
         return run.info.run_id
 
@@ -474,7 +477,7 @@ class MlflowSink:
         for claim, status in found.items():
             tags[f"status.{claim}"] = status.label  # what counts: "failed (was: partly)", ...
         run_id = self.client.create_run(
-            self._experiment(), int(record.started * 1000), _clean(tags)
+            self.experiment_id(), int(record.started * 1000), _clean(tags)
         ).info.run_id
         try:
             stamp = int(record.ended * 1000)

@@ -194,6 +194,9 @@ def test_the_command_keeps_the_diagnosis_in_a_file_in_mlflow_and_in_the_report(t
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.data.tags["status.amp-fp16"] == KEEP_IN_FP32
     assert run.data.tags["status.amp-bf16"] == SAFE and run.data.params["steps"] == "3"
+    # Its file beside the store, as the scenarios' artifacts are: not in MLflow's ./mlruns.
+    assert (reports / "mlartifacts" / run.info.run_id / "artifacts" / saved.name).is_file()
+    assert not (tmp_path / "mlruns").exists()
 
     # The report shows it beside the scenarios' ledger.
     scenario = subprocess.run(

@@ -266,7 +266,7 @@ def test_a_missing_store_or_experiment_says_what_to_do(store, tmp_path):
     assert not (tmp_path / "none" / "mlflow.db").exists()  # reading created no empty store
     with pytest.raises(HarnessError, match="no experiment 'nope'.*it has: .*amp-harness"):
         report.build(default_uri(store), tmp_path / "out", experiment="nope")
-    MlflowSink(default_uri(store), "empty", store)._experiment()  # created, never run
+    MlflowSink(default_uri(store), "empty", store).experiment_id()  # created, never run
     page = report.build(default_uri(store), tmp_path / "out", experiment="empty").read_text()
     assert "No harness runs in this experiment yet" in page
     assert set(uncovered(page)) == set(catalogue())

@@ -236,7 +236,7 @@ def test_one_batch_per_test_beats_per_step_logging(tmp_path):
     sink.log_record(session, record)
     batched = time.perf_counter() - started
     client = MlflowClient(uri)
-    run_id = client.create_run(sink._experiment()).info.run_id
+    run_id = client.create_run(sink.experiment_id()).info.run_id
     started = time.perf_counter()
     for step, value in enumerate(record.histories["loss"]):
         client.log_metric(run_id, "loss", value, step=step)
@@ -430,7 +430,7 @@ def test_two_syncs_at_once_log_each_record_once(tmp_path):
     journal = write_journal(tmp_path, "s1", records=15)
     write_journal(tmp_path, "s2", records=15)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    MlflowSink(uri, reports=tmp_path)._experiment()  # the store exists: only sync is raced
+    MlflowSink(uri, reports=tmp_path).experiment_id()  # the store exists: only sync is raced
     start = str(time.time() + 8)  # both processes have imported MLflow by then
     syncs = [
         subprocess.Popen(
