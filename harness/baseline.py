@@ -79,7 +79,7 @@ def summarize(journal: Journal, session_id: str | None = None, ending: dict | No
                 "outcome": r.outcome,
                 "claims": r.claims,
                 "metrics": r.to_dict()["metrics"],  # inf/NaN as text
-                "key_metrics": list(r.key_metrics()),  # Record.key_metric: compared exactly
+                "key_metrics": list(r.key_metrics()),  # Record.key_metric: compared to 4 digits
             }
             for r in session.records
         },

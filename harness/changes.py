@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import differences, verdicts
-from harness.compare import read_baseline
+from harness import differences, environments
+from harness.compare import claim_verdicts, read_baseline
 from harness.errors import HarnessError
 from harness.releases import version_key
 from harness.table import cap
@@ -40,13 +40,9 @@ def read(folder: Path) -> list[dict]:
 def column(summary: dict) -> differences.Column:
     """A baseline as harness.differences compares it."""
     facts = summary["fingerprint"]
-    statuses: dict[str, list[verdicts.Status]] = {}
-    for v in summary["verdicts"]:
-        found = verdicts.from_label(v["verdict"], v["stands"], v["evidence"], v["test"])
-        statuses.setdefault(v["claim"], []).append(found)
-    decided = {claim: verdicts.aggregate(found) for claim, found in statuses.items()}
+    decided = claim_verdicts(summary)
     return differences.Column(
-        label=f"torch {facts['torch']}",
+        label=facts["torch"],  # the page's releases: a hardware's columns differ by torch alone
         device=facts["device"],
         torch=facts["torch"],
         verdicts={claim: v.label for claim, v in decided.items() if v and v.stands},
@@ -63,12 +59,10 @@ def _key_metrics(entry: dict) -> dict[str, float]:
 
 def page(folder: Path) -> str:
     """The markdown page for the baselines in `folder`."""
-    from harness.fingerprint import hardware  # here: it imports torch, which read() never needs
-
     summaries = read(folder)
     groups: dict[str, list[dict]] = {}
     for summary in summaries:
-        groups.setdefault(hardware(summary["fingerprint"]), []).append(summary)
+        groups.setdefault(environments.hardware(summary["fingerprint"]), []).append(summary)
     lines = [
         f"# {TITLE}",
         "",
@@ -124,11 +118,10 @@ def _row(claim: str, difference: differences.Difference, group: list[dict]) -> s
 
 
 def _runs(values: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
-    """Consecutive releases with the same value, as runs: [[(2.4.1, 1), (2.6.0, 1)], ...],
-    each label without its "torch " prefix."""
+    """Consecutive releases with the same value, as runs: [[(2.4.1, 1), (2.6.0, 1)], ...]."""
     runs: list[list[tuple[str, str]]] = []
     for label, value in values:
-        pair = (label.removeprefix("torch "), value)
+        pair = (label, value)
         if runs and runs[-1][-1][1] == value:
             runs[-1].append(pair)
         else:

@@ -241,7 +241,7 @@ def _verdicts(summary: dict) -> dict[tuple[str, str], dict]:
     return {(v["test"], v["claim"]): v for v in summary["verdicts"]}
 
 
-def _claims(summary: dict) -> dict[str, verdicts.ClaimVerdict]:
+def claim_verdicts(summary: dict) -> dict[str, verdicts.ClaimVerdict]:
     """Each claim's verdict across the run's tests, by harness.verdicts' rule."""
     grouped: dict[str, list[verdicts.Status]] = {}
     for v in summary["verdicts"]:
@@ -253,7 +253,7 @@ def _claims(summary: dict) -> dict[str, verdicts.ClaimVerdict]:
 def _lost_decisions(a: dict, b: dict, changed: set[str]) -> tuple[list[LostDecision], list[str]]:
     """Claims that stand in `a` and not in `b` (those a changed verdict of a test in both runs
     already reports are left to it), and the claims a partial `b` did not run at all."""
-    claims_a, claims_b = _claims(a), _claims(b)
+    claims_a, claims_b = claim_verdicts(a), claim_verdicts(b)
     lost, not_compared = [], []
     for claim, before in claims_a.items():
         after = claims_b.get(claim)

@@ -90,9 +90,8 @@ def known(claim: str, columns: list[Column]) -> list[str]:
         on_device = [c for c in columns if c.device == change.device]
         sides = {releases.behaviour(name, c.device, c.torch) for c in on_device}
         if len(sides) > 1:
-            since = ".".join(map(str, change.since))
             found.append(
-                f"Known change in torch {since} on {change.device} (harness.releases {name!r}): "
-                f"before, {change.before}; since, {change.current}."
+                f"Known change in torch {change.first} on {change.device} (harness.releases "
+                f"{name!r}): before, {change.before}; since, {change.current}."
             )
     return found

@@ -110,26 +110,3 @@ def collect(device: DeviceInfo, root: Path) -> dict[str, str]:
     facts.update({f"tf32.{k}": str(v) for k, v in tf32_flags().items()})
     facts.update(precision_flags())
     return {k: str(v) or "n/a" for k, v in facts.items()}  # plain str: TorchVersion is not
-
-
-# Facts about the run, not about what decides its behaviour: the code under test and the
-# kernel's release. Two sessions that differ only in these are one environment (one ledger
-# column), and the facts are shown with each entry instead.
-RUN_FACTS = ("git_commit", "harness", "platform")
-
-
-def identity(facts: dict[str, str]) -> dict[str, str]:
-    """The facts that make an environment: device, GPU, driver, CUDA, cuDNN, NCCL, torch,
-    Python, CPU, the TF32 and reduced-precision flags."""
-    return {k: v for k, v in facts.items() if k not in RUN_FACTS}
-
-
-def hardware(facts: dict[str, str]) -> str:
-    """What an environment runs on: its GPU's name, or "cpu <architecture>"."""
-    return facts["gpu_name"] if facts["device"] == "cuda" else f"cpu {facts['cpu']}"
-
-
-def label(facts: dict[str, str]) -> str:
-    """A short name for an environment: 'NVIDIA H200 / torch 2.11.0 / CUDA 12.8'."""
-    cuda = f" / CUDA {facts['cuda']}" if facts["device"] == "cuda" else ""
-    return f"{hardware(facts)} / torch {facts['torch']}{cuda}"

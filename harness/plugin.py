@@ -24,7 +24,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import baseline, claims, compare, devices, fingerprint, isolation, warned
+from harness import (
+    baseline,
+    claims,
+    compare,
+    devices,
+    environments,
+    fingerprint,
+    isolation,
+    warned,
+)
 from harness.claims import catalogue, unknown_ids
 from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
@@ -169,7 +178,7 @@ class AmpSession:
             "type": "session",
             "session_id": uuid.uuid4().hex,
             "name": f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(started))} "
-            f"{fingerprint.label(facts)}",
+            f"{environments.label(facts)}",
             "started": started,
             "host": platform.node(),
             "args": [redact(str(a)) for a in self.config.invocation_params.args],

@@ -27,6 +27,11 @@ class Change:
     current: str  # what `since` and later do
     how: str  # how the change was found: the bisection and its measurements
 
+    @property
+    def first(self) -> str:
+        """The first release with today's behaviour, as written: "2.6"."""
+        return ".".join(map(str, self.since))
+
 
 CHANGES: dict[str, Change] = {
     "half-batchnorm-cpu-variance": Change(
@@ -114,7 +119,7 @@ def behaviour(name: str, device: str, version: str | None = None) -> str:
 def describe(name: str, device: str, version: str | None = None) -> str:
     """One sentence for the evidence: which side of the change this run predicts, and why."""
     change = CHANGES[name]
-    since = ".".join(map(str, change.since))
+    since = change.first
     version = version or _running()
     side = behaviour(name, device, version)
     if side == BEFORE:

@@ -11,8 +11,8 @@ grouped by test, and a comparison passed in by the caller (`comparison=`; harnes
 builds it).
 
 An environment (a ledger column) is what changes behaviour: the `env.*` facts but the commit,
-the harness version and the kernel's release (fingerprint.identity). Those are shown with each
-entry instead, so that editing a file (a `-dirty` commit) does not split the ledger in two.
+the harness version and the kernel's release (harness.environments.identity). Those are shown
+with each entry instead, so that editing a file (a `-dirty` commit) does not split the ledger.
 
 What a column shows: per test, its latest run from the environment's sessions since its latest
 complete session (all its sessions where none is complete), with the session it came from and
@@ -61,6 +61,7 @@ from urllib.parse import urlparse
 
 import harness
 from harness import diagnoses, differences, record, table, tracking, verdicts
+from harness import environments as envs  # not `environments`: the ledger's columns
 from harness.claims import catalogue
 from harness.errors import HarnessError
 from harness.releases import version_key
@@ -109,6 +110,7 @@ class Session:
     incomplete: str  # why it is incomplete, with its test count; "" if complete
     runs: list = field(default_factory=list, repr=False)  # the MLflow runs of its tests
     shown: int = 0  # how many of the column's tests come from it
+    age: str = ""  # "3 h ago", when the report was built
 
     @property
     def when(self) -> str:
@@ -118,7 +120,7 @@ class Session:
 @dataclass
 class Entry:
     """One test's verdict on one claim, as it counts (harness.verdicts), with the session it
-    came from, its age and the link to its MLflow run."""
+    came from and the link to its MLflow run."""
 
     claim: str
     verdict: str  # the status's label: "partly", "failed (was: partly)", "skipped", ...
@@ -127,7 +129,6 @@ class Entry:
     test: str  # pytest node id
     url: str
     session: Session
-    age: str  # "3 h ago", at the time the report was built
 
 
 @dataclass
@@ -143,7 +144,7 @@ class Cell:
 class Environment:
     """One ledger column: an environment, per test its latest run (the module docstring)."""
 
-    facts: dict[str, str]  # the facts that make it (fingerprint.identity), without "env."
+    facts: dict[str, str]  # the facts that make it (harness.environments.identity), without "env."
     label: str
     sessions: list[Session]  # since its latest complete session, newest first
     tests: list = field(default_factory=list)  # the MLflow run shown for each test
@@ -173,24 +174,24 @@ def build(
     """
     out = Path(out)
     _check_target(out)
+    ui = _ui(tracking_uri)
     with _reading(tracking_uri, "reading the experiment and its runs"):
         client, experiment_id = _open(tracking_uri, experiment)
         runs = tracking.search_runs(client, experiment_id)
-        diagnosed = _diagnoses(client, _ui(tracking_uri))
-    ui = _ui(tracking_uri)
+        diagnosed = _diagnoses(client, ui)
 
     def link(run_id: str) -> str:
         return tracking.ui_url(ui, experiment_id, run_id)
 
     built = time.time()
-    environments = _environments(runs, link)
+    environments = _environments(runs, link, built)
     uncovered, undecided = _uncovered(runs)
     ledger = [
-        (claim, [_cell(claim.id, env, link, built) for env in environments])
+        (claim, [_cell(claim.id, env, link) for env in environments])
         for claim in catalogue().values()
     ]
     differ = differences.find(
-        (claim.id for claim in catalogue().values()), _columns_compared(environments, ledger)
+        (claim.id for claim, _cells in ledger), _columns_compared(environments, ledger)
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -226,7 +227,6 @@ def build(
             "verdict_order": list(COLOURS),
             "evidence_chars": f"{table.EVIDENCE_CHARS:,}",
             "colours": COLOURS,
-            "when": _when,
         }
         (work / "index.html").write_text(_render(context), encoding="utf-8")
         (work / "summary.md").write_text(_markdown(context), encoding="utf-8")
@@ -331,31 +331,28 @@ def _env(run) -> dict[str, str]:
     return {k[4:]: v for k, v in run.data.tags.items() if k.startswith("env.")}
 
 
-def _environments(runs: list, link) -> list[Environment]:
+def _environments(runs: list, link, now: float) -> list[Environment]:
     """The ledger's columns: per environment, per test, its latest run since the environment's
     latest complete session (the module docstring says why)."""
-    from harness import fingerprint  # here: it imports torch, which `amp-harness ui` never needs
-
     by_env: dict[tuple, list[Session]] = defaultdict(list)
     for facts, session in _sessions(runs, link):
-        by_env[tuple(sorted(fingerprint.identity(facts).items()))].append(session)
-    environments = []
-    for identity, group in by_env.items():
-        facts = dict(identity)
-        environments.append(
-            _column(facts, fingerprint.label(defaultdict(lambda: "n/a", facts)), group)
-        )
+        session.age = _age(now - session.started)
+        by_env[tuple(sorted(envs.identity(facts).items()))].append(session)
+    columns = [
+        _column(dict(identity), envs.label(dict(identity)), group)
+        for identity, group in by_env.items()
+    ]
     # By hardware, then torch release as numbers (2.4 before 2.13), then the rest of the facts.
-    environments.sort(
+    columns.sort(
         key=lambda env: (
-            fingerprint.hardware(defaultdict(lambda: "n/a", env.facts)),
+            envs.hardware(env.facts),
             version_key(env.facts.get("torch", "")),
             env.label,
             sorted(env.facts.items()),
         )
     )
-    _disambiguate(environments)
-    return environments
+    _disambiguate(columns)
+    return columns
 
 
 def _sessions(runs: list, link) -> list[tuple[dict[str, str], Session]]:
@@ -483,7 +480,7 @@ def _kind(status: verdicts.Status) -> str:
     return {verdicts.REGRESSION: "capability-regression"}.get(status.kind, status.kind)
 
 
-def _cell(claim: str, env: Environment, link, now: float) -> Cell:
+def _cell(claim: str, env: Environment, link) -> Cell:
     entries, statuses = [], []
     for run in env.tests:
         if claim not in run.data.tags.get("claims", "").split(","):
@@ -499,7 +496,6 @@ def _cell(claim: str, env: Environment, link, now: float) -> Cell:
                 test=status.test,
                 url=link(run.info.run_id),
                 session=env.session_of[run.info.run_id],
-                age=_age(now - env.session_of[run.info.run_id].started),
             )
         )
     return Cell(verdicts.aggregate(statuses), entries)
@@ -688,7 +684,7 @@ def _markdown(context: dict) -> str:
                 ([f"**{_md(cell.verdict.label)}**"] if len(cell.entries) > 1 else [])
                 + [
                     f"[{_md(e.verdict)}]({e.url}): {_md(e.evidence)} "
-                    f"({_md(e.test.split('::')[-1])}; {e.session.when}, {e.age})"
+                    f"({_md(e.test.split('::')[-1])}; {e.session.when}, {e.session.age})"
                     for e in cell.entries
                 ]
             )

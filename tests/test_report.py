@@ -390,11 +390,11 @@ def test_the_sessions_behind_a_column_are_listed_with_commit_and_why_incomplete(
 
 
 def test_an_environment_is_what_changes_behaviour_not_the_commit():
-    from harness import fingerprint
+    from harness.environments import identity
 
-    assert fingerprint.identity(CPU) == fingerprint.identity(DIRTY)
-    assert fingerprint.identity(CPU) != fingerprint.identity(GPU)
-    assert "torch" in fingerprint.identity(CPU) and "git_commit" not in fingerprint.identity(CPU)
+    assert identity(CPU) == identity(DIRTY)
+    assert identity(CPU) != identity(GPU)
+    assert "torch" in identity(CPU) and "git_commit" not in identity(CPU)
 
 
 def parent_run(status: str, end_time: int | None, tags=None, **metrics: float) -> SimpleNamespace:
