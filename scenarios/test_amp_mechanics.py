@@ -85,19 +85,14 @@ class _Observed:
     outputs: dict[str, torch.dtype] = field(default_factory=dict)
     grad_outputs: dict[str, torch.dtype] = field(default_factory=dict)
     param_grads: dict[str, torch.dtype] = field(default_factory=dict)
-    backward_ops: list[probes.Op] = field(default_factory=list)
-
-    def backward_matmuls(self, dtype: torch.dtype | None = None) -> list[probes.Op]:
-        """The backward matmuls, or those whose inputs were all `dtype`."""
-        mms = [op for op in self.backward_ops if op.matmul]
-        return mms if dtype is None else [op for op in mms if set(op.inputs) == {dtype}]
+    backward: probes.OpLog = field(default_factory=probes.OpLog)  # .matmuls(dtype)
 
     def backward_upcasts(self) -> list[probes.Op]:
         """Casts of fp16 gradients to fp32 in backward: where autocast's fp16 weight copies hand
         their gradients to the fp32 parameters."""
         return [
             op
-            for op in self.backward_ops
+            for op in self.backward.ops
             if op.name == "_to_copy" and op.inputs == (F16,) and op.output == F32
         ]
 
@@ -122,7 +117,7 @@ def _observe(recipe: str, amp_device) -> _Observed:
         outputs={name: seen.dtype for name, seen in outputs.items()},
         grad_outputs={name: seen.grad_dtype for name, seen in outputs.items() if seen.grad_dtype},
         param_grads={n: p.grad.dtype for n, p in model.named_parameters()},
-        backward_ops=log.ops,
+        backward=log,
     )
 
 
@@ -199,8 +194,8 @@ def test_backward_follows_forward_dtype_but_param_grads_are_fp32(record, amp_dev
     # Negative control: a .half() model, whose parameters and so their .grad are fp16, so the
     # .grad probe can tell fp16 from fp32.
     half = _observe("half", amp_device)
-    matmuls, mm16 = amp.backward_matmuls(), amp.backward_matmuls(F16)
-    plain_mm32 = plain.backward_matmuls(F32)
+    matmuls, mm16 = amp.backward.matmuls(), amp.backward.matmuls(F16)
+    plain_mm32 = plain.backward.matmuls(F32)
     upcasts = amp.backward_upcasts()
     param16 = _by_dtype(amp.param_grads, F16)
     half16 = _by_dtype(half.param_grads, F16)
@@ -209,14 +204,14 @@ def test_backward_follows_forward_dtype_but_param_grads_are_fp32(record, amp_dev
     record.param(
         **{f"grad_dtype.amp.{name}": _short(d) for name, d in amp.grad_outputs.items()},
         backward_matmuls_amp=_dtypes_of(matmuls),
-        backward_matmuls_fp32=_dtypes_of(plain.backward_matmuls()),
+        backward_matmuls_fp32=_dtypes_of(plain.backward.matmuls()),
     )
     record.metric(
         backward_matmuls=len(matmuls),
         backward_matmuls_fp16=len(mm16),
-        backward_ops=len(amp.backward_ops),
+        backward_ops=len(amp.backward.ops),
         backward_upcasts_fp16_to_fp32=len(upcasts),
-        fp32_backward_matmuls=len(plain.backward_matmuls()),
+        fp32_backward_matmuls=len(plain.backward.matmuls()),
         fp32_backward_matmuls_fp32=len(plain_mm32),
         param_grads_fp16=len(param16),
         param_grads=len(amp.param_grads),
@@ -236,24 +231,24 @@ def test_backward_follows_forward_dtype_but_param_grads_are_fp32(record, amp_dev
         f"matmuls ran on float16 inputs ({_dtypes_of(matmuls)}); {len(upcasts)} float16 "
         f"gradients were cast to float32 on their way to the parameters, and {len(param16)} of "
         f"{len(amp.param_grads)} parameter .grad were float16 (the rest float32). Without "
-        f"autocast {len(plain_mm32)} of {len(plain.backward_matmuls())} "
+        f"autocast {len(plain_mm32)} of {len(plain.backward.matmuls())} "
         f"backward matmuls ran on float32; a .half() model has {len(half16)} of "
         f"{len(half.param_grads)} float16 .grad",
     )
     # The same on CPU and CUDA: each linear layer's forward matmul is fp16 under autocast, so
     # the matmuls of its backward (the gradients of its input and of its fp16 weight copy) get
     # fp16 operands; the weight gradient is then cast to the fp32 parameter's dtype.
-    assert matmuls and len(mm16) == len(matmuls) == len(plain.backward_matmuls()), (
+    assert matmuls and len(mm16) == len(matmuls) == len(plain.backward.matmuls()), (
         f"AMP-BWD-FP16: predicted every backward matmul on float16 inputs under fp16 autocast "
         f"on {amp_device.type}, as many as without autocast "
-        f"({len(plain.backward_matmuls())}), got {_dtypes_of(matmuls)}"
+        f"({len(plain.backward.matmuls())}), got {_dtypes_of(matmuls)}"
     )
     assert set(amp.param_grads.values()) == {F32}, (
         f"AMP-BWD-FP16: predicted float32 .grad for float32 parameters, got {amp.param_grads}"
     )
-    assert plain_mm32 and len(plain_mm32) == len(plain.backward_matmuls()), (
+    assert plain_mm32 and len(plain_mm32) == len(plain.backward.matmuls()), (
         f"AMP-BWD-FP16: predicted every backward matmul on float32 inputs without autocast, got "
-        f"{_dtypes_of(plain.backward_matmuls())}"
+        f"{_dtypes_of(plain.backward.matmuls())}"
     )
     assert set(half.param_grads.values()) == {F16}, (
         f"AMP-BWD-FP16: predicted float16 .grad for a .half() model, got {half.param_grads}"

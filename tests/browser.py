@@ -14,13 +14,15 @@ import contextlib
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from servers import free_port
+
+from harness.tracking import ui_url
 
 CHROMIUM = shutil.which("chromium") or next(
     (p for p in ("/usr/bin/chromium",) if Path(p).exists()), None
@@ -37,9 +39,7 @@ LISTED = re.compile(r"\d+ matching runs?")  # the runs list's footer
 def start_ui(reports: Path) -> tuple[subprocess.Popen, int, list[str]]:
     """`amp-harness ui` on a free port, as a person starts it, once it says that it answers (or
     has ended): the process, its port, and the lines it printed."""
-    with socket.socket() as probe:  # a port free now
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     ui = subprocess.Popen(
         [sys.executable, "-m", "harness.cli", "ui", "--reports", str(reports), "--port",
          str(port)],
@@ -108,6 +108,14 @@ def search(page, query: str) -> None:
         box.press("Enter")
     page.get_by_text(LISTED).wait_for()
     page.wait_for_timeout(300)  # the grid draws the rows after the answer
+
+
+def open_run_in_its_view(page, runs: str) -> None:
+    """From the run page the UI shows (its own link drops the view), the same run as the report
+    links it (tracking.ui_url: the model-training view). `runs`: the page `mlflow_ui` gave."""
+    experiment, run = re.search(r"#/experiments/(\w+)/runs/(\w+)", page.url).groups()
+    page.goto(ui_url(runs.split("/#/")[0], experiment, run))
+    page.reload()  # a new address after the '#' alone loads nothing
 
 
 def expand_sessions(page) -> None:

@@ -5,7 +5,6 @@ compare side by side across environments, and a run's description carries its ev
 
 from __future__ import annotations
 
-import re
 import time
 from importlib.util import find_spec
 from pathlib import Path
@@ -17,13 +16,14 @@ from browser import (
     expand_sessions,
     mlflow_ui,
     needs_chromium,
+    open_run_in_its_view,
     open_runs,
     run_names,
     search,
 )
 from sessions import CPU, GPU, log_session, make_record
 
-from harness.tracking import UI_VIEW, MlflowSink, default_uri, ui_url
+from harness.tracking import UI_VIEW, MlflowSink, default_uri
 
 pytestmark = [
     needs_chromium,
@@ -101,9 +101,7 @@ def test_the_runs_list_names_claims_and_verdicts_and_the_searches_find_them(two_
         page.get_by_text("SCL-SCALE refuted · test_scale").first.click()
         page.get_by_text("scale 65536 on cuda").first.wait_for(timeout=30_000)
         assert "Evaluation runs" in page.inner_text("body")
-        experiment, run = re.search(r"#/experiments/(\w+)/runs/(\w+)", page.url).groups()
-        page.goto(ui_url(runs.split("/#/")[0], experiment, run))
-        page.reload()  # a new address after the '#' alone loads nothing
+        open_run_in_its_view(page, runs)
         page.get_by_text("scale 65536 on cuda").first.wait_for(timeout=30_000)
         shown = page.inner_text("body")
         assert "Evaluation runs" not in shown and "\nRuns\nModels\nTraces\n" in shown, shown[:300]
