@@ -120,10 +120,17 @@ def _last_verdicts(reports: str) -> dict[str, dict]:
 
 
 def _list(args: argparse.Namespace) -> int:
+    restore = claims.use_project(_project_catalogue(args))
+    try:
+        return _list_claims(args)
+    finally:
+        restore()  # the catalogue of a pytest session that called this one stays its own
+
+
+def _list_claims(args: argparse.Namespace) -> int:
     import contextlib
     import io
 
-    claims.use_project(_project_catalogue(args))
     from harness import contract
 
     # Read from the files (no torch import: it answers at once); collected by pytest only where
@@ -161,14 +168,17 @@ def _list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from harness.table import against_expected
+
+    known = claims.catalogue()
     table = Table(title=f"{len(rows)} claims (last verdicts from {args.reports}/{JOURNAL_NAME})")
     for name in ("claim", "statement", "source", "tests", "last verdict"):
         table.add_column(name, overflow="fold")
     for row in rows:
         tests_text = "\n".join(t.split("/")[-1] for t in row["tests"]) or "(no scenario yet)"
-        last = row["last_verdict"] or "-"
-        if row["expected"] and row["last_verdict"] and row["last_verdict"] != row["expected"]:
-            last += f" (expected {row['expected']})"
+        last = (
+            against_expected(row["last_verdict"], known[row["id"]]) if row["last_verdict"] else "-"
+        )
         table.add_row(row["id"], row["statement"], row["source"], tests_text, last)
     Console().print(table)
     return 0

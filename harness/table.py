@@ -56,16 +56,28 @@ def verdict_rows(records: list[Record]) -> list[tuple[str, str, str, str]]:
     """(claim, verdict, evidence, device) in catalogue order. With one test the evidence is its
     own; with several, each test's line names it and its status. Each test's evidence is capped
     (`cap`)."""
-    order = {claim_id: i for i, claim_id in enumerate(catalogue())}
     rows = []
-    for claim, verdict in verdicts.by_claim(records).items():
+    for claim, verdict in _in_catalogue_order(records):
         capped = tuple(
             dataclasses.replace(s, evidence=cap(s.evidence, IN_THE_JOURNAL))
             for s in verdict.statuses
         )
         evidence = dataclasses.replace(verdict, statuses=capped).evidence
         rows.append((claim, verdict.label, evidence, verdict.device))
-    return sorted(rows, key=lambda row: order.get(row[0], len(order)))
+    return rows
+
+
+def _in_catalogue_order(records: list[Record]) -> list[tuple[str, verdicts.ClaimVerdict]]:
+    """Each claim's verdict across the records' tests, in catalogue order (unknown IDs last)."""
+    order = {claim_id: i for i, claim_id in enumerate(catalogue())}
+    found = verdicts.by_claim(records).items()
+    return sorted(found, key=lambda item: order.get(item[0], len(order)))
+
+
+def _one_line(text: str, chars: int) -> str:
+    """`text` on one line (its whitespace runs as single spaces), cut to `chars` with "…"."""
+    text = " ".join(text.split())
+    return text if len(text) <= chars else text[: chars - 1].rstrip() + "\u2026"
 
 
 def regressions(records: list[Record]) -> list[str]:
@@ -93,14 +105,11 @@ def _claim_cell(claim_id: str, claim: Claim | None) -> Text:
     a team decision): the article's claims, the table's default, keep one line."""
     cell = Text(claim_id)
     if claim is not None and claim.catalogue != ARTICLE:
-        source = " ".join(claim.source.split())
-        if len(source) > SOURCE_CHARS:
-            source = source[: SOURCE_CHARS - 1].rstrip() + "\u2026"
-        cell.append(f"\n{source}", "dim")
+        cell.append(f"\n{_one_line(claim.source, SOURCE_CHARS)}", "dim")
     return cell
 
 
-def _against_expected(label: str, claim: Claim | None) -> str:
+def against_expected(label: str, claim: Claim | None) -> str:
     """A decided verdict other than the one the claim's catalogue expects says so."""
     expected = claim.expected if claim is not None else None
     if expected and label in VERDICTS and label not in (expected, "skipped"):
@@ -111,10 +120,7 @@ def _against_expected(label: str, claim: Claim | None) -> str:
 def summary(records: list[Record], width: int, color: bool) -> str:
     """One line per claim under a title naming the devices once, then the counts by verdict."""
     devices = sorted({record.device for record in records})
-    order = {claim_id: i for i, claim_id in enumerate(catalogue())}
-    found = sorted(
-        verdicts.by_claim(records).items(), key=lambda item: order.get(item[0], len(order))
-    )
+    found = _in_catalogue_order(records)
     known = catalogue()
     out = io.StringIO()
     console = Console(
@@ -122,7 +128,7 @@ def summary(records: list[Record], width: int, color: bool) -> str:
     )
     console.print(Text(f"amp-harness verdicts on {'; '.join(devices)}", style="bold"))
     id_width = max((len(claim) for claim, _verdict in found), default=0)
-    labels = [_against_expected(verdict.label, known.get(claim)) for claim, verdict in found]
+    labels = [against_expected(verdict.label, known.get(claim)) for claim, verdict in found]
     label_width = min(max((len(label) for label in labels), default=0), 28)
     for (claim, verdict), label in zip(found, labels, strict=True):
         room = width - id_width - label_width - 4
@@ -146,12 +152,9 @@ def summary(records: list[Record], width: int, color: bool) -> str:
 def _headline(verdict: verdicts.ClaimVerdict, room: int) -> str:
     """The first test's evidence on one line, cut to `room` characters, and how many more
     tests checked the claim."""
-    text = " ".join(verdict.statuses[0].evidence.split())
     others = len(verdict.statuses) - 1
     more = f" (+{others} test{'s' if others > 1 else ''})" if others else ""
-    if len(text) + len(more) > room:
-        text = text[: room - len(more) - 1].rstrip() + "\u2026"
-    return text + more
+    return _one_line(verdict.statuses[0].evidence, room - len(more)) + more
 
 
 def _kind(verdict: verdicts.ClaimVerdict) -> str:
@@ -179,7 +182,7 @@ def render(records: list[Record], width: int, color: bool) -> str:
         # Text, never markup: evidence and test ids carry brackets.
         table.add_row(
             _claim_cell(claim, known.get(claim)),
-            Text(_against_expected(verdict, known.get(claim))),
+            Text(against_expected(verdict, known.get(claim))),
             Text(evidence),
             Text(device),
             style=_style(verdict),

@@ -659,8 +659,8 @@ def _rebase(store: Path, old: str, new: str) -> int:
 def run_name(record: Record, found: dict[str, verdicts.Status]) -> str:
     """What the runs list shows: the claims and their verdicts as they count (`found`:
     verdicts.of_record), then the test ("SCL-NAN-INCREASES refuted · test_nan_halves_the_scale")."""
-    claims = ", ".join(f"{claim} {status.label}" for claim, status in found.items())
-    name = f"{claims or ', '.join(record.claims)} · {record.test.split('::')[-1]}"
+    verdicts_shown = ", ".join(f"{claim} {status.label}" for claim, status in found.items())
+    name = f"{verdicts_shown} · {record.test.split('::')[-1]}"
     return name if len(name) <= RUN_NAME_CHARS else name[: RUN_NAME_CHARS - 1] + "\u2026"
 
 
@@ -669,7 +669,7 @@ def description(record: Record, found: dict[str, verdicts.Status]) -> str:
     lines = [f"`{record.test}`: {record.outcome or '?'}", ""]
     for claim, status in found.items():
         lines += [f"**{claim}**: {status.label}", "", status.evidence, ""]
-    return "\n".join(lines)[:_TAG_LIMIT]
+    return "\n".join(lines)  # cut to MLflow's limit, as every tag, by _clean
 
 
 def _clean(tags: dict[str, str]) -> dict[str, str]:
