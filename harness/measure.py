@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ def time_call(fn: Callable[[], object], device_type: str) -> float:
     return time.perf_counter() - started
 
 
+@functools.cache  # a binomial search, asked on every decision of every Ratio
 def min_rounds(confidence: float = 0.95) -> int:
     """The fewest rounds whose median has a distribution-free interval at `confidence` that
     leaves out the fastest and the slowest round: the smallest n with 2 P(Binomial(n, 1/2) <= 1)
@@ -83,6 +85,19 @@ class Ratio:
         if self.high < threshold:
             return "below"
         return "undecided"
+
+    def band(self, low: float, high: float) -> str:
+        """Where the interval lies against the band [low, high]: 'inside', wholly 'below' or
+        'above' it, or 'straddles' an edge; from too few rounds, always 'straddles'."""
+        if not self.enough_rounds:
+            return "straddles"
+        if low <= self.low and self.high <= high:
+            return "inside"
+        if self.high < low:
+            return "below"
+        if self.low > high:
+            return "above"
+        return "straddles"
 
     def as_metrics(self, name: str) -> dict[str, float]:
         """The ratio and its interval as flat metrics: `name`, `name.low`, `name.high`."""

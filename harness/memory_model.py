@@ -114,6 +114,13 @@ def transformer_plan(width: int, **options: int) -> models.Plan:
     return spec
 
 
+def parameter_tensors(spec: models.Plan) -> int:
+    """The transformer's parameter tensors: 12 per block (2 LayerNorms x 2, qkv x 2, proj x 2,
+    fc1 x 2, fc2 x 2), two embeddings, the final LayerNorm's two, the head's one. AdamW keeps
+    one fp32 step count per tensor beside its two moments (torch/optim/adam.py, `_init_group`)."""
+    return 12 * spec.options["layers"] + 5
+
+
 def estimate(
     spec: models.Plan,
     recipe: str,
@@ -135,10 +142,7 @@ def estimate(
     layers, vocab, heads = (spec.options[k] for k in ("layers", "vocab", "heads"))
     t = batch * (spec.options["seq_len"] if seq_len is None else seq_len)
 
-    # Parameter tensors: 12 per block (2 LayerNorms x 2, qkv x 2, proj x 2, fc1 x 2, fc2 x 2),
-    # two embeddings, the final LayerNorm's two, the head's one. AdamW keeps one fp32 step count
-    # per tensor beside its two moments (torch/optim/adam.py, `_init_group`).
-    tensors = 12 * layers + 5
+    tensors = parameter_tensors(spec)
     # Matmul weights: qkv 3h^2, proj h^2, fc1 and fc2 4h^2 each per block, and the h x vocab head.
     # Embeddings and LayerNorms are not cast by autocast; the biases' casts are not saved.
     matmul_weights = 12 * h * h * layers + h * vocab

@@ -268,7 +268,8 @@ def test_static_memory_of_training_a_7b_model(record, amp_device):
     exact = all(measured[r].static == modelled[r].static for r in STATIC_RECIPES)
     seven = {r: memory_model.extrapolate_7b(r) for r in STATIC_RECIPES}
     n7 = memory_model.seven_b().params
-    per_param = {r: (m.static - 4 * _tensors(spec)) / spec.params for r, m in measured.items()}
+    steps = 4 * memory_model.parameter_tensors(spec)  # AdamW's fp32 step counts
+    per_param = {r: (m.static - steps) / spec.params for r, m in measured.items()}
     verdict, reason = memory_verdict(seven["fp32"], seven["amp-fp16"], exact, validated=False)
 
     record.param(
@@ -315,11 +316,6 @@ def test_static_memory_of_training_a_7b_model(record, amp_device):
         f"HDL-MEMORY: negative control: predicted `half` to halve the static memory (8 vs 16 "
         f"B/param), measured {per_param['half']:.2f} vs {per_param['fp32']:.2f} B/param"
     )
-
-
-def _tensors(spec: models.Plan) -> int:
-    """Parameter tensors of the transformer: AdamW keeps one fp32 step count for each."""
-    return 12 * spec.options["layers"] + 5
 
 
 @pytest.mark.claim("HDL-MEMORY")
@@ -475,14 +471,13 @@ def _speed_decision(speedup: Ratio) -> str:
     """Where AMP's speed-up over one baseline lies: 'in band' (the article's 1.8x +- 25%),
     'no gain' (wholly below NO_GAIN), 'outside band' (a gain, but not the article's), or
     'undecided' (the interval straddles a bound or rests on too few rounds)."""
-    low, high = CLAIMED_SPEEDUP * (1 - SPEED_BAND), CLAIMED_SPEEDUP * (1 + SPEED_BAND)
-    if not speedup.enough_rounds:
-        return "undecided"
-    if low <= speedup.low and speedup.high <= high:
+    band = speedup.band(CLAIMED_SPEEDUP * (1 - SPEED_BAND), CLAIMED_SPEEDUP * (1 + SPEED_BAND))
+    if band == "inside":
         return "in band"
-    if speedup.high < NO_GAIN:
+    gain = speedup.decide(NO_GAIN)
+    if gain == "below":
         return "no gain"
-    if speedup.low > NO_GAIN and (speedup.high < low or speedup.low > high):
+    if gain == "above" and band in ("below", "above"):
         return "outside band"
     return "undecided"
 

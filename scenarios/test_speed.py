@@ -94,18 +94,6 @@ def crossover(
     return found
 
 
-def _band(ratio: Ratio, low: float, high: float) -> str:
-    if not ratio.enough_rounds:
-        return "straddles"  # an interval from too few rounds decides nothing
-    if low <= ratio.low and ratio.high <= high:
-        return "inside"
-    if ratio.high < low:
-        return "below"
-    if ratio.low > high:
-        return "above"
-    return "straddles"
-
-
 def about(band: tuple[float, float], tolerance: float) -> tuple[float, float]:
     """The band an "about low-high x" allows: each edge widened by the factor 1 + tolerance."""
     low, high = band
@@ -143,7 +131,7 @@ def _fmt_speed(
     vs_fp32: Ratio, vs_tf32: Ratio, band: tuple[float, float], tolerance: float
 ) -> tuple[str, str]:
     low, high = about(band, tolerance)
-    where = {"fp32": _band(vs_fp32, low, high), "tf32": _band(vs_tf32, low, high)}
+    where = {"fp32": vs_fp32.band(low, high), "tf32": vs_tf32.band(low, high)}
     said = {
         base: f"fp16 over {base} {r.describe()} "
         f"{'' if where[base] == 'straddles' else 'is '}{where[base]} the {low:.3g}-{high:.3g}x band"
