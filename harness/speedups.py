@@ -98,6 +98,18 @@ def guarded(
     return "inconclusive", f"{reason}; inconclusive although the intervals say {verdict}: {note}"
 
 
+def token_batch(
+    device: torch.device, vocab: int, batch: int, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids and targets for training_step, the same on every call (random, not
+    zeros: zeros run faster on this hardware)."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    inputs, targets = (
+        torch.randint(vocab, (batch, seq_len), generator=generator, device=device) for _ in range(2)
+    )
+    return inputs, targets
+
+
 def training_step(
     precision: recipes.Precision,
     model: torch.nn.Module,

@@ -142,16 +142,6 @@ def memory_verdict(
     return ("partly" if totals or close else "refuted"), reason
 
 
-def _batch(device: torch.device, options: dict, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random token ids and targets (random, not zeros: zeros run faster on this hardware)."""
-    generator = torch.Generator(device=device).manual_seed(0)
-    shape = (batch, options["seq_len"])
-    inputs, targets = (
-        torch.randint(options["vocab"], shape, generator=generator, device=device) for _ in range(2)
-    )
-    return inputs, targets
-
-
 def _memory_step(
     precision: recipes.Precision,
     model: nn.Module,
@@ -192,7 +182,9 @@ def _measure_memory(
     device = amp_device.torch_device
     with recipes.get(recipe).bind(amp_device) as precision:
         model, optimizer = _setup(spec, precision)
-        tokens, targets = _batch(device, spec.options, batch)
+        tokens, targets = speedups.token_batch(
+            device, spec.options["vocab"], batch, spec.options["seq_len"]
+        )
         step = _memory_step(precision, model, optimizer, tokens, targets)
         # Warm-up: gradients, AdamW state and cuBLAS workspaces exist from here on; a step the
         # scaler skipped would leave AdamW's state to be created inside the measured one.
@@ -520,7 +512,9 @@ def test_amp_speedup_of_a_training_step(record, amp_device, benchmark):
     # One model and one AdamW for every arm: each recipe here trains fp32 parameters, and a
     # step takes as long whatever the weights' values.
     model, optimizer = _setup(spec, precisions["fp32"])
-    tokens, targets = _batch(amp_device.torch_device, OPTIONS, BATCH)
+    tokens, targets = speedups.token_batch(
+        amp_device.torch_device, OPTIONS["vocab"], BATCH, OPTIONS["seq_len"]
+    )
     arms = {
         arm: precision.wrap(_memory_step(precision, model, optimizer, tokens, targets))
         for arm, precision in precisions.items()

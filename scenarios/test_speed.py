@@ -515,10 +515,7 @@ def _training_arms(size: Size, amp_device) -> Arms:
     device = amp_device.torch_device
     with device:  # initialise on the GPU: 1B parameters drawn on the CPU would take seconds
         base = models.build("transformer", size.params, vocab=VOCAB, seq_len=SEQ_LEN, layers=LAYERS)
-    generator = torch.Generator(device=device).manual_seed(0)
-    tokens, targets = (
-        torch.randint(VOCAB, (BATCH, SEQ_LEN), device=device, generator=generator) for _ in range(2)
-    )
+    tokens, targets = speedups.token_batch(device, VOCAB, BATCH, SEQ_LEN)
     arms = Arms({}, {}, {})
     for arm, recipe in speedups.ARMS.items():
         precision = arms.precisions[arm] = recipes.get(recipe).bind(amp_device)
