@@ -51,29 +51,65 @@ def headroom(t: torch.Tensor) -> float:
     return math.inf if peak == 0 else torch.finfo(t.dtype).max / peak
 
 
-@dataclass
 class OutputStats:
-    """One module's forward output (its first floating-point tensor)."""
+    """One module's forward output (its first floating-point tensor).
 
-    dtype: torch.dtype
-    max_abs: float  # over the finite entries
-    headroom: float  # finfo(dtype).max / max_abs; 0 when an entry is inf
-    inf: int
-    nan: int
-    grad_dtype: torch.dtype | None = None  # of the gradient reaching it, once backward ran
-    grad_max_abs: float | None = None  # that gradient's largest |entry|, once backward ran
+    Its numbers are reduced on the tensor's device when the hook runs, and read (one
+    synchronisation) when first asked for: a hook that synchronised would put its cost inside
+    the step a caller times (`amp-harness diagnose` times its steps with the probes on)."""
 
+    def __init__(self, t: torch.Tensor):
+        x = t.detach()
+        self.dtype: torch.dtype = t.dtype
+        zero = torch.zeros((), dtype=torch.float64, device=x.device)
+        finite_abs = torch.where(torch.isfinite(x), x.abs(), 0) if x.numel() else None
+        # [max |x| over the finite entries, inf count, NaN count], on x's device.
+        self._summary = torch.stack(
+            [
+                finite_abs.amax().double() if finite_abs is not None else zero,
+                torch.isinf(x).sum().double(),
+                torch.isnan(x).sum().double(),
+            ]
+        )
+        self._read: list[float] | None = None
+        self.grad_dtype: torch.dtype | None = None  # of the gradient reaching it, after backward
+        self._grad_peak: torch.Tensor | None = None
 
-def _stats(t: torch.Tensor) -> OutputStats:
-    detached = t.detach()
-    finite = detached[torch.isfinite(detached)]
-    return OutputStats(
-        dtype=t.dtype,
-        max_abs=float(finite.abs().max()) if finite.numel() else 0.0,
-        headroom=headroom(detached),
-        inf=int(torch.isinf(detached).sum()),
-        nan=int(torch.isnan(detached).sum()),
-    )
+    def _numbers(self) -> list[float]:
+        if self._read is None:
+            self._read = self._summary.tolist()
+        return self._read
+
+    @property
+    def max_abs(self) -> float:
+        """Over the finite entries."""
+        return self._numbers()[0]
+
+    @property
+    def inf(self) -> int:
+        return int(self._numbers()[1])
+
+    @property
+    def nan(self) -> int:
+        return int(self._numbers()[2])
+
+    @property
+    def headroom(self) -> float:
+        """finfo(dtype).max / max_abs; 0 when an entry is inf, inf when every entry is zero."""
+        if self.inf:
+            return 0.0
+        return math.inf if self.max_abs == 0 else torch.finfo(self.dtype).max / self.max_abs
+
+    @property
+    def grad_max_abs(self) -> float | None:
+        """The largest |entry| of the gradient reaching the output, once backward ran."""
+        return None if self._grad_peak is None else float(self._grad_peak)
+
+    def saw_gradient(self, grad: torch.Tensor) -> None:
+        """The output's gradient hook: its dtype now, its peak reduced on the device."""
+        self.grad_dtype = grad.dtype
+        g = grad.detach()
+        self._grad_peak = g.abs().amax() if g.numel() else torch.zeros((), device=g.device)
 
 
 def _named(modules: nn.Module | Iterable[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
@@ -98,14 +134,9 @@ def outputs(
         )
         if first is None:
             return
-        seen[name] = stats = _stats(first)
+        seen[name] = stats = OutputStats(first)
         if first.requires_grad:
-
-            def on_grad(grad: torch.Tensor) -> None:
-                stats.grad_dtype = grad.dtype
-                stats.grad_max_abs = float(grad.detach().abs().max()) if grad.numel() else 0.0
-
-            first.register_hook(on_grad)
+            first.register_hook(stats.saw_gradient)
 
     handles = [
         module.register_forward_hook(lambda m, i, o, name=name: hook(name, m, i, o))
