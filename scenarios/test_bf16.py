@@ -22,6 +22,7 @@ import torch
 
 from harness import models, probes, recipes
 from harness.data import make_task
+from harness.formats import measure_format
 from harness.train import train
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -161,22 +162,6 @@ def test_updates_below_half_a_bf16_ulp_are_lost(record, amp_device):
 # --- BF16-RANGE-PRECISION: fp32's range, 8 bits of precision ----------------------------------
 
 
-def largest_power_of_two(dtype: torch.dtype, device: torch.device) -> float:
-    x = torch.tensor(1.0, dtype=dtype, device=device)
-    while bool(torch.isfinite(x * 2)):
-        x = x * 2
-    return float(x)
-
-
-def precision_bits(dtype: torch.dtype, device: torch.device) -> int:
-    """1 + the number of halvings of eps for which 1 + eps is still not 1 (the implicit bit)."""
-    one = torch.tensor(1.0, dtype=dtype, device=device)
-    eps = one
-    while bool((one + eps / 2) != one):
-        eps = eps / 2
-    return 1 - round(math.log2(float(eps)))
-
-
 def significant_digits(dtype: torch.dtype, device: torch.device) -> float:
     """-log10 of the largest relative error of 10,000 random decimals in [1, 10) rounded to
     `dtype`: the decimal digits every value keeps."""
@@ -190,8 +175,9 @@ def significant_digits(dtype: torch.dtype, device: torch.device) -> float:
 @pytest.mark.requires("half_training")  # fp16 arithmetic, for the control
 def test_bf16_has_the_range_of_fp32_and_8_bits_of_precision(record, amp_device):
     device = amp_device.torch_device
-    top = {d: largest_power_of_two(d, device) for d in (BF16, F32, F16)}
-    bits = {d: precision_bits(d, device) for d in (BF16, F32, F16)}
+    measured = {d: measure_format(d, device) for d in (BF16, F32, F16)}
+    top = {d: fmt.max_pow2 for d, fmt in measured.items()}  # the largest finite power of two
+    bits = {d: fmt.mantissa_bits + 1 for d, fmt in measured.items()}  # and the implicit bit
     digits = {d: significant_digits(d, device) for d in (BF16, F16)}
     record.metric(
         bf16_max_pow2_log2=math.log2(top[BF16]),
