@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from harness import verdicts
+from harness import shapes, verdicts
 from harness.errors import HarnessError
 from harness.journal import Journal, Session
 
@@ -139,7 +139,7 @@ def save(summary: dict, folder: Path, partial: bool = False, force: bool = False
 
 def _describe(path: Path) -> str:
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
+        old = shapes.loads(path.read_text(encoding="utf-8"))
         return (
             f"session {old['name']!r}, {len(old['verdicts'])} verdicts, "
             f"{'complete' if old.get('complete') else 'incomplete'}"

@@ -376,12 +376,12 @@ def read_baseline(path: Path) -> dict:
         raise MissingBaseline(path)
     fix = "`amp-harness baseline save` writes a valid one"
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
+        summary = shapes.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise HarnessError(f"{path}: cannot read the baseline: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise HarnessError(f"{path}: not JSON ({exc}); {fix}") from exc
-    except RecursionError:  # json.loads recurses once per [ or {: `[` * 100000 exhausts Python
+    except shapes.TooDeep:
         raise HarnessError(
             f"{path}: nested too deeply to be a baseline (a baseline is 4 levels deep); {fix}"
         ) from None

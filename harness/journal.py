@@ -6,8 +6,9 @@ tracking server or a killed session loses nothing: `amp-harness sync` replays th
 What a reader does with a journal that was damaged (a crash or a full disk cut a line; a hand
 edit; a newer version wrote it) is written down here once, for every reader (sync, list,
 baseline, compare, the plugin's end of session):
-- a line that is not JSON is skipped with a warning naming `journal.jsonl:LINE`; the file is
-  never rewritten, so nothing is lost by reading it;
+- a line that is not JSON, or is nested too deeply for Python to read, is skipped with a
+  warning naming `journal.jsonl:LINE`; the file is never rewritten, so nothing is lost by
+  reading it;
 - a line whose start is garbage and whose end is a complete entry (what a cut line followed by
   the next append used to give, before appends started on a fresh line) yields that entry;
 - an entry that is JSON but cannot be used (a field missing or of the wrong type) is skipped
@@ -242,7 +243,7 @@ def _read_line(line: bytes) -> tuple[dict | None, str]:
 
 def _parse(text: bytes) -> tuple[dict | None, str]:
     try:
-        entry = json.loads(text.decode("utf-8"))
+        entry = shapes.loads(text.decode("utf-8"))  # a line nested too deeply: a ValueError
     except UnicodeDecodeError as exc:
         return None, f"not UTF-8 at byte {exc.start}"
     except ValueError as exc:

@@ -8,6 +8,8 @@ with container "list" or "object".
 
 from __future__ import annotations
 
+import json
+
 NON_FINITE = ("inf", "-inf", "nan")  # how a record spells them in JSON
 _WORDS = {
     "text": ("text", "text"),
@@ -16,6 +18,21 @@ _WORDS = {
     "value": ("a number", "numbers"),
     "object": ("an object", "objects"),
 }
+
+
+class TooDeep(ValueError):
+    """JSON nested deeper than Python's recursion allows: json.loads recurses once per [ or {,
+    so `[` * 100000 (a hand edit, a hostile file) raises RecursionError, which no reader
+    expects. Raised as a ValueError, like any other JSON that cannot be read."""
+
+
+def loads(text: str | bytes):
+    """json.loads for files the harness reads (baselines, the journal): nesting too deep for
+    Python is a TooDeep (a ValueError) instead of a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise TooDeep("nested too deeply for Python to read") from None
 
 
 def problem(value, spec, where: str = "") -> str | None:

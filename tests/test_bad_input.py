@@ -201,3 +201,34 @@ def test_a_full_disk_mid_session_stops_it_with_one_line_and_keeps_what_was_recor
     assert "No space left on device" in text and "free space on the disk of" in text
     lines = (pytester.path / "reports" / "journal.jsonl").read_text().splitlines()
     assert [json.loads(line)["type"] for line in lines] == ["session", "record"]
+
+
+def test_a_journal_line_nested_too_deeply_is_skipped_by_every_reader(pytester, capsys):
+    """`{"type": "record", "record": ` and 100,000 `[`: json.loads would raise RecursionError in
+    every reader; each skips the line with the warning other unreadable lines get, and reads the
+    rest: list, sync, compare last, baseline save, and a session's end with --amp-baseline."""
+    reports = pytester.path / "reports"
+    assert run(pytester, "--amp-device=cpu").ret == 0
+    journal = Journal(reports / "journal.jsonl")
+    saved = baseline.save(baseline.summarize(journal), reports / "baselines")
+    with journal.path.open("a") as f:
+        f.write('{"type": "record", "record": ' + "[" * 100_000 + "\n")
+    deep = r"journal.jsonl:4: skipped a corrupt journal line \(nested too deeply"
+
+    result = run(pytester, "--amp-device=cpu", f"--amp-baseline={saved}",
+                 "-W", "default::UserWarning")  # fmt: skip
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*journal.jsonl:4: skipped a corrupt journal line*",
+                                 f"baseline {saved}: no verdict changed*"])  # fmt: skip
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match=deep):
+        assert cli.main(["list", "--reports", str(reports), "--json"]) == 0
+    assert any(row["last_verdict"] for row in json.loads(capsys.readouterr().out))
+    with pytest.warns(UserWarning, match=deep):
+        assert cli.main(["sync", "--reports", str(reports)]) == 0
+    assert "2 results sent" in capsys.readouterr().out
+    with pytest.warns(UserWarning, match=deep):
+        assert cli.main(["compare", str(saved), "last", "--reports", str(reports)]) == 0
+    with pytest.warns(UserWarning, match=deep):
+        assert cli.main(["baseline", "save", "--reports", str(reports), "--out",
+                         str(reports / "again")]) == 0  # fmt: skip
