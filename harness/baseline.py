@@ -13,11 +13,12 @@ deselected, no module left out) and no test failed; anything else is saved only 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
 
-from harness import shapes, verdicts
+from harness import environments, shapes, verdicts
 from harness.errors import HarnessError
 from harness.journal import Journal, Session
 
@@ -101,15 +102,13 @@ def lacks(session: Session) -> list[str]:
 
 
 def filename(fingerprint: dict[str, str]) -> str:
-    """GPU (or CPU), torch and CUDA versions: what a baseline's numbers depend on most."""
-    if fingerprint["device"] == "cuda":
-        parts = [
-            fingerprint["gpu_name"],
-            f"torch-{fingerprint['torch']}",
-            f"cuda-{fingerprint['cuda']}",
-        ]
+    """GPU (or CPU), torch and CUDA versions: what a baseline's numbers depend on most. A fact
+    the fingerprint lacks (from another version) reads n/a."""
+    fact = functools.partial(environments.fact, fingerprint)
+    if fact("device") == "cuda":
+        parts = [fact("gpu_name"), f"torch-{fact('torch')}", f"cuda-{fact('cuda')}"]
     else:
-        parts = [f"cpu-{fingerprint['cpu']}", f"torch-{fingerprint['torch']}"]
+        parts = [f"cpu-{fact('cpu')}", f"torch-{fact('torch')}"]
     return "_".join(re.sub(r"[^A-Za-z0-9.+-]+", "-", p).strip("-") for p in parts) + ".json"
 
 

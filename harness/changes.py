@@ -34,23 +34,28 @@ def read(folder: Path) -> list[dict]:
     found = [(path, read_baseline(path)) for path in files]
     for path, summary in found:
         summary["file"] = path.name
-    return sorted((s for _p, s in found), key=lambda s: version_key(s["fingerprint"]["torch"]))
+    return sorted((s for _p, s in found), key=lambda s: version_key(_fact(s, "torch")))
 
 
 def column(summary: dict) -> differences.Column:
     """A baseline as harness.differences compares it."""
-    facts = summary["fingerprint"]
+    torch = _fact(summary, "torch")
     decided = claim_verdicts(summary)
     return differences.Column(
-        label=facts["torch"],  # the page's releases: a hardware's columns differ by torch alone
-        device=facts["device"],
-        torch=facts["torch"],
+        label=torch,  # the page's releases: a hardware's columns differ by torch alone
+        device=_fact(summary, "device"),
+        torch=torch,
         verdicts={claim: v.label for claim, v in decided.items() if v and v.stands},
         tests={
             test: (entry.get("claims", []), _key_metrics(entry))
             for test, entry in summary["tests"].items()
         },
     )
+
+
+def _fact(summary: dict, name: str) -> str:
+    """A fact of a baseline's environment; n/a where its fingerprint lacks it (another version)."""
+    return environments.fact(summary.get("fingerprint", {}), name)
 
 
 def _key_metrics(entry: dict) -> dict[str, float]:
@@ -62,7 +67,7 @@ def page(folder: Path) -> str:
     summaries = read(folder)
     groups: dict[str, list[dict]] = {}
     for summary in summaries:
-        groups.setdefault(environments.hardware(summary["fingerprint"]), []).append(summary)
+        groups.setdefault(environments.hardware(summary.get("fingerprint", {})), []).append(summary)
     lines = [
         f"# {TITLE}",
         "",
@@ -74,7 +79,7 @@ def page(folder: Path) -> str:
         "`harness/releases.py`.",
     ]
     for name, group in groups.items():
-        versions = ", ".join(s["fingerprint"]["torch"] for s in group)
+        versions = ", ".join(_fact(s, "torch") for s in group)
         lines += ["", f"## {name}: torch {versions}", ""]
         columns = [column(s) for s in group]
         claims = dict.fromkeys(c for col in columns for c in [*col.verdicts, *_claims(col)])
@@ -104,9 +109,7 @@ def _row(claim: str, difference: differences.Difference, group: list[dict]) -> s
         changed.update(f"{runs[i - 1][-1][0]} → {runs[i][0][0]}" for i in range(1, len(runs)))
         before.append(f"{name} {_value(name, runs[0])}")
         after.append(f"{name} {_value(name, runs[-1])}")
-    evidence = [
-        f"torch {s['fingerprint']['torch']}: {_evidence(s, claim)}" for s in (group[0], group[-1])
-    ]
+    evidence = [f"torch {_fact(s, 'torch')}: {_evidence(s, claim)}" for s in (group[0], group[-1])]
     cells = [
         claim,
         ", ".join(sorted(changed, key=lambda step: version_key(step.split(" → ")[1]))),

@@ -407,6 +407,8 @@ def _problem(summary) -> str | None:
                 return f'verdicts[{i}]: field "{name}" is missing or not text'
         if not isinstance(verdict.get("stands"), bool):
             return f'verdicts[{i}]: field "stands" is missing or not true/false'
+    if not isinstance(summary.get("fingerprint", {}), dict):
+        return 'field "fingerprint" is not an object'
     if not isinstance(summary.get("lacks", []), list):
         return 'field "lacks" is not a list'
     if not isinstance(summary.get("tests"), dict):

@@ -12,6 +12,13 @@ from collections.abc import Mapping
 RUN_FACTS = ("git_commit", "harness", "platform")
 
 
+def fact(facts: Mapping[str, str], name: str) -> str:
+    """One fact, as text; "n/a" where the fingerprint lacks it (another version named it
+    otherwise, or a hand-written baseline left it out)."""
+    value = facts.get(name) if isinstance(facts, Mapping) else None
+    return "n/a" if value is None else str(value)
+
+
 def identity(facts: Mapping[str, str]) -> dict[str, str]:
     """The facts that make an environment: device, GPU, driver, CUDA, cuDNN, NCCL, torch,
     Python, CPU, the TF32 and reduced-precision flags."""
@@ -20,12 +27,12 @@ def identity(facts: Mapping[str, str]) -> dict[str, str]:
 
 def hardware(facts: Mapping[str, str]) -> str:
     """What an environment runs on: its GPU's name, or "cpu <architecture>"."""
-    if facts.get("device") == "cuda":
-        return facts.get("gpu_name", "n/a")
-    return f"cpu {facts.get('cpu', 'n/a')}"
+    if fact(facts, "device") == "cuda":
+        return fact(facts, "gpu_name")
+    return f"cpu {fact(facts, 'cpu')}"
 
 
 def label(facts: Mapping[str, str]) -> str:
     """A short name for an environment: 'NVIDIA H200 / torch 2.11.0 / CUDA 12.8'."""
-    cuda = f" / CUDA {facts.get('cuda', 'n/a')}" if facts.get("device") == "cuda" else ""
-    return f"{hardware(facts)} / torch {facts.get('torch', 'n/a')}{cuda}"
+    cuda = f" / CUDA {fact(facts, 'cuda')}" if fact(facts, "device") == "cuda" else ""
+    return f"{hardware(facts)} / torch {fact(facts, 'torch')}{cuda}"

@@ -232,3 +232,35 @@ def test_a_journal_line_nested_too_deeply_is_skipped_by_every_reader(pytester, c
     with pytest.warns(UserWarning, match=deep):
         assert cli.main(["baseline", "save", "--reports", str(reports), "--out",
                          str(reports / "again")]) == 0  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("lacks", "name"),
+    [
+        ("cpu", "cpu-n-a_torch-2.13.0+cpu.json"),
+        ("device", "cpu-x86-64_torch-2.13.0+cpu.json"),  # not cuda
+        ("torch", "cpu-x86-64_torch-n-a.json"),
+    ],
+)
+def test_a_fingerprint_without_a_fact_reads_it_as_n_a(tmp_path, capsys, lacks, name):
+    """A session fingerprint from another version, without `cpu` (a renamed field): `report`
+    and `baseline save` read the missing fact as n/a instead of ending in a KeyError."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    facts = {"device": "cpu", "cpu": "x86_64", "torch": "2.13.0+cpu"}
+    del facts[lacks]
+    journal.append({"type": "session", "session_id": "s1", "name": "n", "started": time.time(),
+                    "args": [], "fingerprint": facts})  # fmt: skip
+    record = Record("scenarios/test_x.py::test_0", ["FMT-BYTES"], "cpu", tmp_path,
+                    outcome="passed", ended=time.time())  # fmt: skip
+    record.verdicts["FMT-BYTES"] = Verdict("FMT-BYTES", "confirmed", "2 bytes")
+    journal.append({"type": "record", "session_id": "s1", "record": record.to_dict()})
+    journal.append({"type": "session_end", "session_id": "s1", "ended": time.time(),
+                    "exitstatus": 0, "counts": {"passed": 1}})  # fmt: skip
+    out = tmp_path / "baselines"
+    reports = ["--reports", str(tmp_path)]
+    assert cli.main(["baseline", "save", *reports, "--out", str(out)]) == 0
+    assert [p.name for p in out.glob("*.json")] == [name]
+    assert cli.main(["baseline", "changes", "--baselines", str(out)]) == 0
+    assert cli.main(["sync", *reports]) == 0
+    assert cli.main(["report", *reports, "--baseline", "auto"]) == 0, capsys.readouterr().err
+    assert "report written" in capsys.readouterr().out
