@@ -215,6 +215,8 @@ def _compare(args: argparse.Namespace) -> int:
         a_label, a = compare.load(args.a, journal)
         b_label, b = compare.load(args.b, journal)
     except compare.MissingBaseline as exc:  # reported, not an error: there may be none yet
+        if args.fail_on_regression:  # ... but a gate that compared nothing must not pass
+            raise HarnessError(f"--fail-on-regression: {exc}") from None
         missing = {"missing_baseline": str(exc.path), "message": str(exc)}
         print(json.dumps(missing) if args.json else f"amp-harness: {exc}")
         return 0
@@ -225,7 +227,14 @@ def _compare(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         compare.render(result, Console())
-    return 1 if args.fail_on_regression and result.regressions else 0
+    if args.fail_on_regression and not result.overlapped:
+        print(
+            f"amp-harness: error: --fail-on-regression: {a_label} against {b_label}: "
+            f"{result.summary_line()}: a gate that compared nothing fails; compare runs of "
+            "the same suite",
+            file=sys.stderr,
+        )
+    return 1 if args.fail_on_regression and result.fails_the_gate else 0
 
 
 def _fraction(text: str) -> float:

@@ -129,6 +129,12 @@ class Comparison:
         lost = [d.describe() for d in self.lost]
         return [v.describe() for v in self.verdicts] + lost + flagged
 
+    @property
+    def fails_the_gate(self) -> bool:
+        """--fail-on-regression: a regression fails, and so does a comparison of nothing (a
+        gate that compared no verdict has checked nothing, and must not pass)."""
+        return bool(self.regressions) or not self.overlapped
+
     def summary_line(self) -> str:
         """One line: how much was compared and what came of it."""
         counts = f"{self.compared['verdicts']} verdicts, {self.compared['metrics']} metrics"
@@ -372,6 +378,11 @@ def auto_path(folder: Path, fingerprint: dict[str, str]) -> Path:
 
 def read_baseline(path: Path) -> dict:
     """A baseline file, checked: a bad one is an error naming the file, the field and the fix."""
+    if path.exists() and not path.is_file():  # a folder, /dev/zero, a pipe: never a baseline
+        raise HarnessError(
+            f"{path}: not a baseline file (a folder or a device): give the *.json file "
+            "`amp-harness baseline save` writes"
+        )
     if not path.is_file():
         raise MissingBaseline(path)
     fix = "`amp-harness baseline save` writes a valid one"

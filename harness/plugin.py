@@ -711,7 +711,8 @@ def _write_comparison(terminalreporter, state: AmpSession) -> None:
             f"({'; '.join(comparison.b_lacks)}): {', '.join(comparison.not_compared)}",
             yellow=True,
         )
-    if not comparison.regressions:
+    failing = state.config.getoption("amp_fail_on_regression") and comparison.fails_the_gate
+    if not comparison.regressions and not failing:
         overlapped = comparison.overlapped
         terminalreporter.write_line(
             f"baseline {state.baseline}: {comparison.summary_line()}",
@@ -719,7 +720,6 @@ def _write_comparison(terminalreporter, state: AmpSession) -> None:
             yellow=not overlapped,
         )
         return
-    failing = state.config.getoption("amp_fail_on_regression")
     terminalreporter.write_line(
         f"baseline {state.baseline}: {comparison.summary_line()}"
         + ("; --amp-fail-on-regression fails the session" if failing else ""),
@@ -760,7 +760,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state.compare_with_baseline(end)
     if (
         state.comparison is not None
-        and state.comparison.regressions
+        and state.comparison.fails_the_gate
         and session.config.getoption("amp_fail_on_regression")
         and session.exitstatus == pytest.ExitCode.OK  # a worse status (interrupted, ...) stays
     ):

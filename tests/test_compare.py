@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 
 import pytest
@@ -324,6 +325,43 @@ def test_cli_reports_a_missing_baseline_and_exits_0(tmp_path, capsys):
     document = json.loads(capsys.readouterr().out)
     assert document["missing_baseline"] == str(path)
     assert "amp-harness baseline save" in document["message"]
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("baselines/X.jsno", "*--fail-on-regression: no baseline at *X.jsno: nothing compared*"),
+        ("/dev/zero", "*/dev/zero: not a baseline file (a folder or a device)*"),
+        (".", "*: not a baseline file (a folder or a device)*"),
+    ],
+    ids=["typo", "device", "folder"],
+)
+def test_a_gate_that_compares_nothing_fails_with_one_line(pytester, saved, capsys, given, message):
+    """`compare TYPO last --fail-on-regression` said "nothing compared" and exited 0: a CI
+    regression gate passed without comparing."""
+    reports = str(pytester.path / "reports")
+    capsys.readouterr()
+    code = cli.main(["compare", given, "last", "--reports", reports, "--fail-on-regression"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert fnmatch.fnmatch(err, message), err
+
+
+def test_a_baseline_that_overlaps_nothing_fails_the_gate(pytester, saved, capsys):
+    """A baseline none of whose verdicts this suite records: compared, nothing in common; under
+    --fail-on-regression (the command's and the plugin's), a failure that says so."""
+    saved(lambda content: content["verdicts"][0].update(claim="FMT-BITS"))
+    reports = str(pytester.path / "reports")
+    result = session(pytester, "--amp-fail-on-regression")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["baseline *: no verdict of one run is in the other: nothing "
+                                 "compared *; --amp-fail-on-regression fails the session"])  # fmt: skip
+    capsys.readouterr()
+    argv = ["compare", str(saved.path), "last", "--reports", reports]
+    assert cli.main(argv) == 0  # without the gate: said, not a failure
+    assert cli.main([*argv, "--fail-on-regression", "--json"]) == 1
+    err = capsys.readouterr().err
+    assert "--fail-on-regression: " in err and "a gate that compared nothing fails" in err
 
 
 def test_cli_unknown_session_is_an_error_saying_what_else_to_give(pytester, saved, capsys):
