@@ -354,8 +354,10 @@ def test_a_baseline_that_overlaps_nothing_fails_the_gate(pytester, saved, capsys
     reports = str(pytester.path / "reports")
     result = session(pytester, "--amp-fail-on-regression")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["baseline *: no verdict of one run is in the other: nothing "
-                                 "compared *; --amp-fail-on-regression fails the session"])  # fmt: skip
+    result.stdout.fnmatch_lines(
+        ["baseline *: no verdict of one run is in the other: nothing compared *; "
+         "--amp-fail-on-regression fails the session"]
+    )  # fmt: skip
     capsys.readouterr()
     argv = ["compare", str(saved.path), "last", "--reports", reports]
     assert cli.main(argv) == 0  # without the gate: said, not a failure
