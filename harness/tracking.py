@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from harness import claims, verdicts
+from harness import claims, halfmade, verdicts
 from harness.errors import HarnessError
 from harness.journal import Journal, Session
 from harness.record import Record
@@ -92,39 +92,51 @@ def ui_url(ui: str, experiment_id: str, run_id: str | None = None) -> str:
 
 # --- passwords -------------------------------------------------------------------------------
 # scheme://user:password@host, also with the URI percent-encoded inside another one
-# (http%3A%2F%2Fuser%3Apw%40host). The authority runs to the first / ? # or blank; its userinfo
-# to the last @ in it, so a raw @ inside a password is cut with the rest of it.
+# (http%3A%2F%2Fuser%3Apw%40host), and in the shapes a URI is mistyped in: one slash or none
+# (http:/user:pw@host, http:user:pw@host) or no scheme at all (user:pw@host:5432, read as
+# "scheme" user and "userinfo" pw). The authority runs to the first / ? # or blank; its userinfo
+# to the last @ in it, so a raw @ inside a password is cut with the rest of it. The scheme starts
+# where no scheme character precedes it: a regex free to start inside a run of letters takes time
+# quadratic in the run (100 KB of letters in evidence: 81 s per redaction).
 _AUTHORITY = re.compile(
-    r"(?P<start>[A-Za-z][A-Za-z0-9+.-]*(?P<sep>://|%3A%2F%2F))"
+    r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)(?P<sep>:/{0,3}|%3A(?:%2F){0,3})"
     r"(?P<authority>(?:(?!%2F|%3F|%23)[^/?#\s\"'<>])*)",
     re.IGNORECASE,
 )
 # A query parameter that holds a secret: password=, token=, access_token=, api_key=, sig=, ...;
-# also percent-encoded (%3Ftoken%3D...).
+# also percent-encoded (%3Ftoken%3D...). Its name holds no ? & ; (a run of them would make each
+# a start to scan the rest from: quadratic again).
 _SECRET_PARAMETER = re.compile(
-    r"(?P<name>(?:[?&;]|%3F|%26)[^=&#\s%]*?(?:pass|pwd|token|secret|key|auth|sig|credential)"
-    r"[^=&#\s%]*(?:=|%3D))(?P<value>(?:(?!%26)[^&#\s\"'<>])*)",
+    r"(?P<name>(?:[?&;]|%3F|%26)[^=&#?;\s%]*?(?:pass|pwd|token|secret|key|auth|sig|credential)"
+    r"[^=&#?;\s%]*(?:=|%3D))(?P<value>(?:(?!%26)[^&#\s\"'<>])*)",
     re.IGNORECASE,
 )
 
 
 def redact(text: str) -> str:
-    """`text` without the password of any URI in it: scheme://user:pw@host -> scheme://user@host
-    (scheme://:pw@host -> scheme://host), percent-encoded forms too, and the value of a query
-    parameter named like a secret (?password=, ?token=, ...) -> ***. Command lines, links and
-    MLflow's error messages are recorded, printed and shared."""
+    """`text` without the password of anything shaped like a URI in it: scheme://user:pw@host ->
+    scheme://user@host (scheme://:pw@host -> scheme://host), percent-encoded forms too, with one
+    slash or none, or no scheme (user:pw@host -> user@host; so mailto:a@b reads mailto@b: a
+    password kept would be worse), and the value of a query parameter named like a secret
+    (?password=, ?token=, ...) -> ***. Command lines, links and MLflow's error messages are
+    recorded, printed and shared."""
 
     def authority(found: re.Match) -> str:
-        text, encoded = found["authority"], found["sep"] != "://"
+        text, encoded = found["authority"], found["sep"].startswith("%")
         at = max(text.rfind("@"), text.upper().rfind("%40") if encoded else -1)
         if at < 0:
             return found[0]
         userinfo, host = text[:at], text[at:].removeprefix("@")
         host = host[3:] if host.upper().startswith("%40") else host
-        user = re.split(r":|%3A", userinfo, maxsplit=1, flags=re.IGNORECASE)[0]
+        start, at_sign = found["scheme"] + found["sep"], "%40" if encoded else "@"
+        user, *password = re.split(r":|%3A", userinfo, maxsplit=1, flags=re.IGNORECASE)
+        if not password and found["sep"].upper() in (":", "%3A"):
+            # user:pw@host, without a scheme: what looked like one is the user, and the
+            # userinfo the password.
+            return found["scheme"] + at_sign + host
         if not user:
-            return found["start"] + host
-        return found["start"] + user + ("%40" if encoded else "@") + host
+            return start + host
+        return start + user + at_sign + host
 
     return _SECRET_PARAMETER.sub(r"\g<name>***", _AUTHORITY.sub(authority, text))
 
@@ -174,8 +186,11 @@ def resolve_uri(option: str | None, reports: Path) -> str:
     return uri
 
 
-def client(uri: str):
-    """An MlflowClient whose calls are bounded (MLFLOW_ENV), for every reader and writer."""
+def client(uri: str, set_aside: list[str] | None = None):
+    """An MlflowClient whose calls are bounded (MLFLOW_ENV), for every reader and writer.
+
+    An embedded store left half-made (halfmade.py) is set aside and made anew; what was done is
+    appended to `set_aside` ("the store ... was half-made (...): set aside as ...")."""
     for key, value in MLFLOW_ENV.items():
         os.environ.setdefault(key, value)
     # MLflow prints "View run NAME at: URL" whenever it ends a run on an HTTP server, the URL
@@ -204,7 +219,19 @@ def client(uri: str):
     # its store itself at its end.
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     with _locked(store.with_name(f".{store.name}.lock")):
-        made = MlflowClient(tracking_uri=uri)
+        try:
+            made = MlflowClient(tracking_uri=uri)
+        except Exception as exc:
+            if not halfmade.half_made(store, exc):
+                raise
+            aside = halfmade.set_aside(store, uri)
+            made = MlflowClient(tracking_uri=uri)
+            if set_aside is not None:
+                set_aside.append(
+                    f"the store {store} was half-made ({reason(exc)}: a session or sync was "
+                    f"stopped while MLflow created its tables): set aside as {aside} (nothing "
+                    "deleted) and made anew"
+                )
     for folder in stray:  # the deepest first; a folder with anything in it stays
         try:
             folder.rmdir()
@@ -300,8 +327,11 @@ class MlflowSink:
         self.down: str | None = None
         self.refused: list[str] = []  # "<test>: <why>" for each result MLflow refused
         self.notes: list[str] = []  # what was done to the store on the way (a moved store)
+        set_aside: list[str] = []
         try:
-            self.client = client(uri)
+            self.client = client(uri, set_aside)
+            self.notes += [f"{text}; {self._sync_command()} fills it from the journal"
+                           for text in set_aside]  # fmt: skip
         except HarnessError as exc:  # the session goes on, on the journal alone
             self.client, self.down = None, str(exc)
         except Exception as exc:  # noqa: BLE001 - a damaged, locked or full store, a bad server
@@ -313,13 +343,16 @@ class MlflowSink:
         self._experiment_id: str | None = None
         self._parents: dict[str, str] = {}  # session id -> parent run id
 
-    def recovery(self) -> str:
-        """What to do, for the reason in `down`, so that MLflow gets what the journal holds."""
+    def _sync_command(self) -> str:
+        """`amp-harness sync ...` for this store and journal, quoted, without the password."""
         command = ["amp-harness", "sync"]
         if self.reports:
             command += ["--reports", str(self.reports)]
-        command += ["--tracking-uri", self.label]
-        sync = f"`{shlex.join(command)}`"
+        return f"`{shlex.join([*command, '--tracking-uri', self.label])}`"
+
+    def recovery(self) -> str:
+        """What to do, for the reason in `down`, so that MLflow gets what the journal holds."""
+        sync = self._sync_command()
         why = (self.down or "").lower()
         if self.store and any(s in why for s in ("not a database", "malformed", "encrypted")):
             aside = shlex.join(["mv", str(self.store), f"{self.store}.broken"])

@@ -568,7 +568,7 @@ def test_a_full_disk_under_the_store_leaves_the_journal(pytester, monkeypatch):
 
     from harness import tracking
 
-    def full(uri):
+    def full(uri, set_aside=None):
         raise sqlite3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(tracking, "client", full)
