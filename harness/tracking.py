@@ -240,6 +240,18 @@ def client(uri: str, set_aside: list[str] | None = None):
     return made
 
 
+def _check_writable(store: Path | None) -> None:
+    """A writer's embedded store must be writable, and its folder (SQLite writes its journal
+    beside it): else MLflow logs a traceback for each refused write, or, for a store it has to
+    make, retries for minutes before it gives up. A HarnessError says which folder."""
+    if store is None:
+        return
+    folder = next(p for p in (store.parent, *store.parents) if p.exists())
+    for path in (folder, store) if store.exists() else (folder,):
+        if not os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids):
+            raise HarnessError(f"cannot write the store {store}: {path} is read-only")
+
+
 @contextlib.contextmanager
 def _locked(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """An exclusive flock on `path` for the block (created if need be). Where it cannot be
@@ -329,6 +341,7 @@ class MlflowSink:
         self.notes: list[str] = []  # what was done to the store on the way (a moved store)
         set_aside: list[str] = []
         try:
+            _check_writable(self.store)
             self.client = client(uri, set_aside)
             self.notes += [f"{text}; {self._sync_command()} fills it from the journal"
                            for text in set_aside]  # fmt: skip
@@ -359,6 +372,11 @@ class MlflowSink:
             return (
                 f"move the damaged store aside (`{aside}`), then {sync} rebuilds it from the "
                 "journal"
+            )
+        if self.store and "read-only" in why:
+            return (
+                "make it writable (or copy the reports folder to one you can write in and pass "
+                f"--reports there), then run {sync}"
             )
         if self.store and "locked" in why:
             return f"another process holds the store locked: once it lets go, run {sync}"
@@ -663,7 +681,10 @@ def _refused(exc: Exception) -> bool:
 def reason(exc: Exception) -> str:
     """An MLflow error as a short phrase: its first line, without passwords, and for a failed
     HTTP request the endpoint and the cause ("Connection refused", "Read timed out")."""
-    text = redact((str(exc).strip().splitlines() or [type(exc).__name__])[0])
+    # SQLAlchemy puts a line about its autoflush before the database's own words: skip it.
+    lines = [line for line in str(exc).strip().splitlines()
+             if not line.startswith("(raised as a result of")]  # fmt: skip
+    text = redact((lines or [type(exc).__name__])[0])
     request = re.match(r"API request to (\S+) failed with exception (.*)", text)
     if request:
         cause = re.search(r"\(Caused by \w+\((.*)\)\)\s*$", request[2])

@@ -141,6 +141,13 @@ def test_the_listening_probe_sees_a_rank_bound_elsewhere(monkeypatch):
         "next=http%3A%2F%2F%3Aamp-secret-1%40db%2Fpath",
         "http%3A%2F%2Fdb%2F%3Fpassword%3Damp-secret-1%26a%3Db",
         "MLflow at 'http://amp:amp-secret-1@db:5000': refused",
+        # Mistyped shapes (issue 24): one slash, none, three, none encoded, no scheme at all.
+        "http:/amp:amp-secret-1@db:9",
+        "--tracking-uri=http:amp:amp-secret-1@db",
+        "http:///amp:amp-secret-1@db",
+        "http%3A%2Famp%3Aamp-secret-1%40db",
+        "amp:amp-secret-1@db:5432",
+        "MLflow at 'amp:p@ss-amp-secret-1@db:5432/x': refused",
     ],
 )
 def test_redact_removes_the_password_of_every_form_of_uri(text):
@@ -203,3 +210,35 @@ def test_a_password_in_the_tracking_uri_is_never_written_or_printed(pytester, ca
         assert holding(reports, secret) == [], f"{secret} written under reports/"
         assert holding(tmp_path / "server", secret) == [], f"{secret} sent to the server"
     assert "index.html" in " ".join(holding(reports, "127.0.0.1"))  # the search reads it
+
+
+def test_redact_takes_time_linear_in_the_text():
+    """Evidence of 100 KB of letters (a hex dump, base64) took 81 s to redact: a scheme could
+    start anywhere inside the run. 1 MB of each pathological text now takes well under a
+    second."""
+    import time
+
+    for unit in ("a", "?pass", "a:b@", "&a", "a%3A"):
+        started = time.perf_counter()
+        redact(unit * (1_000_000 // len(unit)))
+        assert time.perf_counter() - started < 1.0, unit
+
+
+def test_a_password_in_a_mistyped_uri_is_never_written_or_printed(pytester, capfd):
+    """`http:/bob:PW@host` (one slash) went into the journal's args and every print;
+    `bob:PW@dbhost:5432` (no scheme) into the usage error."""
+    secret = "Pa55SECRET-amp-mistyped"
+    pytester.makepyfile(**{"scenarios/test_scn": SCENARIO})
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_inprocess(
+        "scenarios", "--amp-device=cpu", "-p", "no:cacheprovider", f"--amp-reports={reports}",
+        f"--tracking-uri=http:/bob:{secret}@127.0.0.1:9",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    for uri in (f"http:/bob:{secret}@127.0.0.1:9", f"bob:{secret}@dbhost:5432"):
+        assert cli.main(["sync", "--reports", str(reports), "--tracking-uri", uri]) == 2
+    out, err = capfd.readouterr()
+    assert "bob@dbhost:5432" in err  # the usage error still names what was given
+    printed = [result.stdout.str(), result.stderr.str(), out, err]
+    assert [text for text in printed if secret in text] == [], "printed"
+    assert holding(reports, secret) == [], "written under reports/"
