@@ -682,6 +682,32 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         print(f"amp-harness: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        print(f"amp-harness: error: {_cannot_write(args.command, exc)}", file=sys.stderr)
+        return 2
+
+
+# The way round a folder a command cannot write in: the option that says where it writes.
+_ELSEWHERE = "copy the reports folder to one you can write in and pass --reports there"
+_WRITES_TO = {
+    "baseline": "pass --out a folder you can write in",
+    "new": "pass --scenarios a folder you can write in",
+}
+
+
+def _cannot_write(command: str, exc: OSError) -> str:
+    """A file a command could not write (a read-only folder, a full disk, a name too long), as
+    one line naming it and the fix. Every command writes its output whole or not at all (the
+    report and baselines in a new file renamed into place): nothing recorded is lost."""
+    where = Path(exc.filename)
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.ENOSPC:
+        fix = f"free space on the disk of {where.parent}"
+    else:
+        fix = f"make {where.parent} writable, or {_WRITES_TO.get(command, _ELSEWHERE)}"
+    return f"cannot write {where}: {why}. Fix: {fix}, then run `amp-harness {command}` again"
 
 
 if __name__ == "__main__":
