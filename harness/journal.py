@@ -89,7 +89,7 @@ class Journal:
         If the write fails (a full disk), the file is cut back to its size before, so no half
         line is left for the next append to glue itself to, and a HarnessError names the journal
         and the fix."""
-        data = (json.dumps(entry, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+        data = _line(entry)
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
         try:
             # pytest-xdist workers append to one journal: one whole line at a time.
@@ -210,6 +210,16 @@ class Journal:
                 stacklevel=2,
             )
         return found
+
+
+def _line(entry: dict) -> bytes:
+    """`entry` as one line of UTF-8 JSON. Text UTF-8 cannot encode (a Latin-1 file name decoded
+    with surrogateescape: the plugin escapes records, a caller may not have) is escaped here as
+    well (shapes.storable): a journal that refused it would lose the entry."""
+    try:
+        return (json.dumps(entry, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return _line(shapes.storable(entry))
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -32,6 +32,7 @@ from harness import (
     environments,
     fingerprint,
     isolation,
+    shapes,
     warned,
 )
 from harness.claims import catalogue, unknown_ids
@@ -184,6 +185,7 @@ class AmpSession:
             "args": [redact(str(a)) for a in self.config.invocation_params.args],
             "fingerprint": facts,
         }
+        self.entry = shapes.storable(self.entry)  # a Latin-1 path in the args: escaped
         # Before the session is in the journal: a sync that sees it also sees that it runs.
         self.running = Running(self.journal.path.parent, self.entry["session_id"])
         self.config.add_cleanup(self.running.close)  # also when the session stops on an error
@@ -273,6 +275,9 @@ class AmpSession:
 
     def finish(self, record: Record) -> None:
         self.current = None
+        # Text that is not clean UTF-8 (a file name in evidence, a skip reason) is escaped before
+        # the record reaches anything: the journal, MLflow, the worker's file, the table.
+        record.make_storable()
         record.message = redact(record.message)  # a failure may quote a URI with its password
         self.records.append(record)
         if self.journal is None:

@@ -264,3 +264,70 @@ def test_a_fingerprint_without_a_fact_reads_it_as_n_a(tmp_path, capsys, lacks, n
     assert cli.main(["sync", *reports]) == 0
     assert cli.main(["report", *reports, "--baseline", "auto"]) == 0, capsys.readouterr().err
     assert "report written" in capsys.readouterr().out
+
+
+LATIN1 = """
+import os
+
+import pytest
+
+PATH = os.fsdecode(b"/data/caf\\xe9.bin")  # what a Latin-1 file name gives: caf\\udce9
+
+
+@pytest.mark.claim("FMT-BYTES")
+def test_bytes(record):
+    record.param(path=PATH)
+    record.verdict("FMT-BYTES", "confirmed", f"2 bytes read from {PATH}")
+
+
+@pytest.mark.claim("FMT-BITS")
+def test_bits(record):
+    pytest.skip(f"no data at {PATH}")
+"""
+
+
+def test_text_that_is_not_utf8_is_escaped_and_the_session_goes_on(pytester, tmp_path):
+    """Evidence, a param and a skip reason holding a file name decoded with surrogateescape,
+    in a folder whose own name is not UTF-8 (the test's name): each is kept escaped (caf\\xe9)
+    in the journal and in MLflow, and every test runs (before: INTERNALERROR, that record in
+    neither, the next test never run)."""
+    import os
+
+    from mlflow import MlflowClient
+
+    folder = pytester.path / "scenarios" / os.fsdecode(b"caf\xe9")
+    folder.mkdir(parents=True)
+    (folder / "test_latin.py").write_text(LATIN1)
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_inprocess(
+        "scenarios", "--amp-device=cpu", "-p", "no:cacheprovider", f"--amp-reports={reports}",
+        "-v",
+    )  # fmt: skip
+    assert result.ret == 0, result.stdout.str()
+    result.assert_outcomes(passed=1, skipped=1)
+    assert "INTERNALERROR" not in result.stdout.str()
+    (session,) = Journal(reports / "journal.jsonl").sessions().values()
+    assert session.end["counts"] == {"passed": 1, "skipped": 1}
+    by_name = {r.test.split("::")[-1]: r for r in session.records}
+    assert by_name["test_bytes"].test.startswith("scenarios/caf\\xe9/")
+    assert by_name["test_bytes"].params["path"] == "/data/caf\\xe9.bin"
+    assert by_name["test_bytes"].verdicts["FMT-BYTES"].evidence.endswith("/data/caf\\xe9.bin")
+    assert by_name["test_bits"].message == "no data at /data/caf\\xe9.bin"
+    client = MlflowClient(f"sqlite:///{reports / 'mlflow.db'}")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("amp-harness").experiment_id], "tags.outcome = 'passed'"
+    )
+    assert [run.data.params["path"] for run in runs] == ["/data/caf\\xe9.bin"]
+    assert runs[0].data.tags["evidence.FMT-BYTES"].endswith("/data/caf\\xe9.bin")
+
+
+def test_a_claim_statement_that_is_not_utf8_is_escaped_by_new(pytester, capsys):
+    import os
+
+    statement = os.fsdecode(b"reads caf\xe9 files in 2 passes")  # typed in a Latin-1 terminal
+    (pytester.path / "scenarios").mkdir()
+    code = cli.main(["new", "latin", "--claim", "TEAM-LATIN", statement, "--source",
+                     os.fsdecode(b"ticket \xe9 1")])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    text = (pytester.path / "scenarios" / "claims.toml").read_text(encoding="utf-8")
+    assert "reads caf\\\\xe9 files" in text and "ticket \\\\xe9 1" in text  # TOML escapes \\
