@@ -326,6 +326,12 @@ def _report(args: argparse.Namespace) -> int:
 
 def _ui(args: argparse.Namespace) -> int:
     reports = Path(args.reports).resolve()
+    if not reports.is_dir():  # MLflow would make the folder, and an empty store in it, silently
+        raise HarnessError(
+            f"--reports {args.reports}: no such folder ({reports}): give the folder a session "
+            "recorded into (`amp-harness run --reports DIR`, pytest's --amp-reports DIR), e.g. "
+            "--reports reports"
+        )
     uri, cwd = default_uri(reports), None
     if uri != f"sqlite:///{reports / DB_NAME}":
         # A '?' or '%' in the path is escaped in the URI, and MLflow would create the folder the

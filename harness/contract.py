@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import shapes
+from harness import filenames, shapes
 from harness.claims import PROJECT_FILE, Claim, add_project_claim, unknown_ids, use_project
 from harness.controls import Controls, call_name, walk
 from harness.errors import HarnessError
@@ -510,12 +510,7 @@ def new_scenario(
             f"`amp-harness new {suggestion.lower() or 'my_claim'}`"
         )
     folder = _scenario_folder(folder)
-    # The file system's limit on one file name (255 bytes on ext4, APFS, NTFS), checked here:
-    # open() past it raises "File name too long" with the whole name in the message.
-    try:
-        name_max = os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):  # a platform or file system that does not say
-        name_max = 255
+    name_max = filenames.name_max(folder)
     longest = name_max - len("test_.py")
     if len(name) > longest:
         raise HarnessError(

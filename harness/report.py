@@ -60,7 +60,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import harness
-from harness import diagnoses, differences, record, table, tracking, verdicts
+from harness import diagnoses, differences, filenames, record, table, tracking, verdicts
 from harness import environments as envs  # not `environments`: the ledger's columns
 from harness.claims import catalogue
 from harness.errors import HarnessError
@@ -237,11 +237,19 @@ def build(
 
 
 def report_dir(reports: Path, name: str = DEFAULT_NAME) -> Path:
-    """reports/<name>, for a name that is one plain folder name."""
+    """reports/<name>, for a name that is one plain folder name, short enough for the file
+    system with the temporary names built beside it (`_replace`, `build`'s mkdtemp)."""
     if not _NAME.match(name):
         raise HarnessError(
             f"--name {name!r}: use one folder name of letters, digits, '.', '_' or '-' "
             f"(e.g. {DEFAULT_NAME} or 2025-06-01-h200)"
+        )
+    longest = filenames.name_max(reports) - len(_old_name("", 2**22))  # pid_max: 7 digits
+    if len(name) > longest:
+        raise HarnessError(
+            f"--name of {len(name)} characters is too long: the report folder and the "
+            f"temporary one beside it must fit the file names of {reports}, so the name takes "
+            f"at most {longest}; pick a shorter one, e.g. --name {name[:40]}"
         )
     return Path(reports) / name
 
@@ -255,10 +263,15 @@ def _check_target(out: Path) -> None:
         )
 
 
+def _old_name(name: str, pid: int) -> str:
+    """Where the earlier report is moved while the new one takes its place."""
+    return f".{name}-old-{pid}"
+
+
 def _replace(out: Path, work: Path) -> None:
     old = None
     if out.exists():
-        old = out.with_name(f".{out.name}-old-{os.getpid()}")
+        old = out.with_name(_old_name(out.name, os.getpid()))
         out.rename(old)
     work.rename(out)
     if old:

@@ -16,7 +16,7 @@ import pytest
 from browser import start_ui
 from conftest import REPO
 
-from harness import claims, cli, contract
+from harness import claims, cli, contract, report
 
 
 def amp(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -317,3 +317,24 @@ def test_list_collects_a_file_whose_markers_are_built_at_run_time(tmp_path, monk
     assert cli.main(["list", "--json", "--reports", str(tmp_path / "reports")]) == 0
     rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
     assert rows["FMT-BITS"]["tests"] == ["scenarios/test_built.py::test_bits"]
+
+
+def test_ui_on_a_folder_that_is_not_there_says_so_and_makes_nothing(tmp_path, monkeypatch, capsys):
+    """`ui --reports <typo>` made the folder and an empty store, and served it."""
+    started = fake_ui(monkeypatch)
+    typo = tmp_path / "reprots"
+    assert cli.main(["ui", "--reports", str(typo)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"--reports {typo}: no such folder" in line and "--reports reports" in line
+    assert not typo.exists() and started == []
+
+
+def test_report_name_too_long_for_a_folder_is_one_line_before_reading_mlflow(tmp_path, capsys):
+    """300 characters passed the name check and ended in ENAMETOOLONG once the report was
+    built; 242 (255 less the temporary names beside it) works."""
+    code = cli.main(["report", "--reports", str(tmp_path), "--name", "r" * 300,
+                     "--tracking-uri", "http://127.0.0.1:9"])  # fmt: skip
+    assert code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--name of 300 characters is too long" in line and "at most 242" in line
+    assert report.report_dir(tmp_path, "r" * 242) == tmp_path / ("r" * 242)
