@@ -67,6 +67,8 @@ def log(diagnosis: Diagnosis, uri: str, saved: Path, reports: Path) -> str:
     for run in diagnosis.runs.values():
         tags[f"status.{run.recipe}"] = run.status
         tags[f"reasons.{run.recipe}"] = cap(" | ".join(run.reasons), "in diagnosis.json", 5000)
+    for row in (diagnosis.verify or {}).get("rows", []):
+        tags[f"truth.{row['recipe']}"] = row["truth"]
     run_id = client.create_run(experiment, tags=tags).info.run_id
     stamp = int(time.time() * 1000)
     metrics = [
@@ -118,10 +120,44 @@ def render(diagnosis: Diagnosis, width: int, color: bool) -> str:
             drift = f"{run.drift:.2%}" if math.isfinite(run.drift) else "non-finite"
             line.append(f"   loss vs fp32: {drift}")
         console.print(line, highlight=False)
-        why = cap(" | ".join(run.reasons), "in the diagnosis file", REASON_CHARS)
-        for wrapped in textwrap.wrap(why, width=max(width - 6, 40)):
-            console.print(f"      {wrapped}", markup=False, highlight=False)
+        _wrapped(console, " | ".join(run.reasons), width, "      ")
+        for check in run.fixes:
+            verdict = "held" if check.held else "did not hold"
+            _wrapped(console, f"fix tried: {check.fix} -> {check.status} ({verdict})", width,
+                     "      ")  # fmt: skip
+    if diagnosis.verify:
+        _render_verify(console, diagnosis.verify, width)
     return console.file.getvalue()
+
+
+def _wrapped(console: Console, text: str, width: int, indent: str) -> None:
+    why = cap(text, "in the diagnosis file", REASON_CHARS)
+    for line in textwrap.wrap(why, width=max(width - len(indent), 40)):
+        console.print(f"{indent}{line}", markup=False, highlight=False)
+
+
+def _render_verify(console: Console, verify: dict, width: int) -> None:
+    """--verify's truths: each recipe's prediction against what N steps of training did."""
+    console.print(
+        f"verified over {verify['steps']} steps (fp32's own spread: loss "
+        f"{verify['noise']:.3g}, held-out {verify['held_out_noise']:.3g}):",
+        style="bold", markup=False, highlight=False,
+    )  # fmt: skip
+    for row in verify["rows"]:
+        held = "" if row["held"] is None else _held_word(row["predicted"], row["held"])
+        _wrapped(console, f"{row['recipe']}: said {row['predicted']}, {row['truth']} "
+                 f"({row['why']}){held}", width, "  ")  # fmt: skip
+    for fix in verify["fixes"]:
+        word = "the fix held" if fix["held"] else "THE FIX DID NOT HOLD"
+        _wrapped(console, f"fix {fix['fix']}: {fix['truth']} ({fix['why']}): {word}", width, "  ")
+
+
+def _held_word(predicted: str, held: bool) -> str:
+    from harness.diagnose import SAFE
+
+    if held:
+        return ": the prediction held"
+    return ": MISSED (said safe)" if predicted == SAFE else ": a false alarm"
 
 
 def latest(client) -> list[dict]:

@@ -231,3 +231,160 @@ class StepGradients:
 
     def __call__(self, model: nn.Module, _report) -> None:
         self.steps.append(gradients(model))
+
+
+# --- every op's output range, named by the module that ran it ------------------------------
+
+# Ops whose output is a view of, or a fresh constant beside, their input: no new values to see.
+_NO_NEW_VALUES = frozenset(
+    getattr(torch.ops.aten, name)
+    for name in ("detach", "empty_like", "zeros_like", "ones_like", "full_like", "empty_strided")
+    if hasattr(torch.ops.aten, name)
+)
+
+
+# Ops that write a constant where a mask says (an attention mask's -inf): a non-finite output
+# there is intended, not an overflow.
+_FILLS = frozenset(
+    getattr(torch.ops.aten, name)
+    for name in ("masked_fill", "masked_fill_", "fill", "fill_", "index_fill", "index_fill_")
+    if hasattr(torch.ops.aten, name)
+)
+
+
+@dataclass
+class OpCall:
+    """One op's call in a forward pass: where it ran and what its output held."""
+
+    key: str  # "module.path:op" ("model:exp" for an op in the root module's own forward)
+    dtype: torch.dtype  # of its (first floating-point) output
+    peak: float  # max |output|: inf when an entry is inf, nan when one is NaN
+    input_peak: float | None  # max |input| over its activations (parameters left out), if any
+    fill: bool  # the op writes constants (masked_fill): its non-finite values are intended
+
+    @property
+    def nonfinite(self) -> bool:
+        return not math.isfinite(self.peak)
+
+    @property
+    def created(self) -> bool:
+        """It made inf/NaN from finite activations: where an overflow happens."""
+        made_here = self.input_peak is not None and math.isfinite(self.input_peak)
+        return self.nonfinite and made_here and not self.fill
+
+
+class OpRanges(TorchDispatchMode):
+    """Every aten op that runs inside a model's forward (and the loss beside it), with its
+    output's range and its inputs', named by the innermost module running at the time ("model"
+    for the root's own forward, "loss" outside it): functional code (an attention's `q @ k.T`,
+    an `exp` in a forward, a tied output layer) is seen as well as leaf modules. Autocast is
+    dispatched before the Python key, so the dtypes are the ones autocast chose.
+
+    One reduction per output and per activation input (parameters, and autocast's copies of
+    them, are left out: they are the large tensors, and an op's weights say nothing of whether
+    it makes large values from small ones). Each is read back once, by `read()`, after the step:
+    reading inside the op would synchronise a CUDA device for every op."""
+
+    ROOT, LOSS = "model", "loss"  # the model's own forward; code outside it (the loss)
+
+    def __init__(self):
+        super().__init__()
+        self.path: list[str] = []  # the modules whose forward is running, innermost last
+        self._parameters: set[int] = set()
+        self._copies: set[int] = set()  # this step's casts of parameters (autocast's cache)
+        self._calls: list[tuple[str, torch.dtype, torch.Tensor, torch.Tensor | None, bool]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.is_view or func.overloadpacket in _NO_NEW_VALUES:
+            return out
+        first = next(
+            (t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()),
+            None,
+        )
+        if first is None or first.numel() == 0:
+            return out
+        tensors = [
+            t
+            for t in tree_leaves((args, kwargs or {}))
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()
+        ]
+        known = self._parameters | self._copies
+        activations = [t for t in tensors if _storage(t) not in known]
+        if tensors and not activations and func.overloadpacket is torch.ops.aten._to_copy:
+            self._copies.add(_storage(first))  # a parameter cast by autocast: a parameter too
+            return out
+        peaks = [_peak(t).to(first.device) for t in activations]
+        where = self.path[-1] if self.path else self.LOSS
+        self._calls.append(
+            (
+                f"{where}:{func.overloadpacket.__name__}",
+                first.dtype,
+                _peak(first),
+                torch.stack(peaks).amax() if peaks else None,
+                func in _FILLS or func.overloadpacket in _FILLS,
+            )
+        )
+        return out
+
+    def forward_starts(self, model: nn.Module) -> None:
+        """Where the model's parameters are now: a half model, or one moved to a device, has
+        new ones since the last forward."""
+        self._parameters = {_storage(p) for p in model.parameters()}
+
+    def read(self) -> list[OpCall]:
+        """The calls since the last read, in the order they ran (one synchronisation)."""
+        calls, self._calls = self._calls, []
+        self._copies.clear()  # autocast's cache is gone with its region
+        if not calls:
+            return []
+        nan = torch.full((), math.nan, dtype=torch.float64)
+        numbers = torch.stack(
+            [torch.stack([p.cpu(), nan if i is None else i.cpu()]) for _k, _d, p, i, _f in calls]
+        ).tolist()
+        return [
+            OpCall(key, dtype, peak, None if math.isnan(inp) and i is None else inp, fill)
+            for (key, dtype, _p, i, fill), (peak, inp) in zip(calls, numbers, strict=True)
+        ]
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _peak(t: torch.Tensor) -> torch.Tensor:
+    """max |t| in one kernel (inf when an entry is inf, nan when one is NaN), in float64."""
+    return torch.linalg.vector_norm(t.detach(), ord=math.inf).double()
+
+
+@contextlib.contextmanager
+def op_ranges(model: nn.Module) -> Iterator[OpRanges]:
+    """An OpRanges that names each op by the module running it, and the hooks that tell it which
+    that is; enter `log` itself around the code to watch (the forward and the loss):
+
+        with probes.op_ranges(model) as log:
+            with log:
+                loss = loss_fn(model(x), y)
+            calls = log.read()
+    """
+    log = OpRanges()
+
+    def enter(name: str) -> None:
+        if not log.path:
+            log.forward_starts(model)
+        log.path.append(name)
+
+    def leave() -> None:
+        if log.path:
+            log.path.pop()
+
+    handles = []
+    for name, module in model.named_modules():
+        label = name or OpRanges.ROOT
+        handles.append(module.register_forward_pre_hook(lambda *_a, n=label: enter(n)))
+        handles.append(module.register_forward_hook(lambda *_a: leave(), always_call=True))
+    try:
+        yield log
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -15,6 +15,7 @@ step's unscaled gradients are still in `.grad` (harness.probes.StepGradients kee
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -55,19 +56,23 @@ def train(
     clip_norm: float | None = None,
     loss_multiplier: float = 1.0,
     on_step: Callable[[torch.nn.Module, StepReport], None] | None = None,
+    watch_forward: contextlib.AbstractContextManager | None = None,
+    adam_eps: float | None = None,
 ) -> History:
     """Train `model` in place for `steps` steps; `seed` picks the training batches.
 
     Backward runs on the task's loss times `loss_multiplier` (the history keeps the task's
     loss); `on_step(model, report)` is called after each step, with the step's gradients still
-    in `.grad` (unscaled). Training goes on after a non-finite loss: the scenarios observe
+    in `.grad` (unscaled). `watch_forward`, a context manager entered around each step's forward
+    and loss (harness.probes.OpRanges), observes them. `adam_eps`: AdamW's epsilon, when not
+    torch's default. Training goes on after a non-finite loss: the scenarios observe
     divergence, not avoid it.
     """
     # AMP step 1: move (and for "half", cast) the model before the optimizer sees its parameters,
     # so the optimizer holds the tensors that are actually trained.
     model = precision.prepare(model)
     model.train()
-    opt = _optimizer(optimizer, model, lr)
+    opt = _optimizer(optimizer, model, lr, adam_eps)
     device = precision.device.torch_device
     batches = task.batches(batch_size, seed)
     history = History()
@@ -80,7 +85,7 @@ def train(
         x, y = precision.cast_input(x), y.to(device)
 
         # AMP step 2: the forward pass, model and loss, under autocast when the recipe has one.
-        with precision.forward():
+        with precision.forward(), watch_forward or contextlib.nullcontext():
             out = model(x)
             loss = task.loss(out, y)
 
@@ -117,9 +122,13 @@ def evaluate(model: torch.nn.Module, precision: Precision, task: Task) -> dict[s
         model.train(was_training)
 
 
-def _optimizer(name: str, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+def _optimizer(
+    name: str, model: torch.nn.Module, lr: float, adam_eps: float | None = None
+) -> torch.optim.Optimizer:
     if name == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=lr)
+        if adam_eps is None:
+            return torch.optim.AdamW(model.parameters(), lr=lr)
+        return torch.optim.AdamW(model.parameters(), lr=lr, eps=adam_eps)
     if name == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     raise HarnessError(
