@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import differences, environments
+from harness import differences, environments, shown
 from harness.compare import claim_verdicts, read_baseline
 from harness.errors import HarnessError
 from harness.releases import version_key
@@ -144,7 +144,8 @@ def _evidence(summary: dict, claim: str) -> str:
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """A cell of the page: baselines are data (shown.markdown: no link or HTML from them)."""
+    return shown.markdown(text)
 
 
 def write(folder: Path, out: Path | None) -> str:

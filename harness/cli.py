@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import baseline, claims, compare, report, verdicts
+from harness import baseline, claims, compare, report, shown, verdicts
 from harness.errors import HarnessError
 from harness.journal import JOURNAL_NAME, Journal
 from harness.tracking import (
@@ -171,7 +171,8 @@ def _list_claims(args: argparse.Namespace) -> int:
     from harness.table import against_expected
 
     known = claims.catalogue()
-    table = Table(title=f"{len(rows)} claims (last verdicts from {args.reports}/{JOURNAL_NAME})")
+    title = f"{len(rows)} claims (last verdicts from {args.reports}/{JOURNAL_NAME})"
+    table = Table(title=shown.text(title))
     for name in ("claim", "statement", "source", "tests", "last verdict"):
         table.add_column(name, overflow="fold")
     for row in rows:
@@ -179,7 +180,8 @@ def _list_claims(args: argparse.Namespace) -> int:
         last = (
             against_expected(row["last_verdict"], known[row["id"]]) if row["last_verdict"] else "-"
         )
-        table.add_row(row["id"], row["statement"], row["source"], tests_text, last)
+        cells = (row["id"], row["statement"], row["source"], tests_text, last)
+        table.add_row(*map(shown.text, cells))  # data: never markup (a project's `[/bold]`)
     Console().print(table)
     return 0
 
@@ -196,12 +198,12 @@ def _baseline(args: argparse.Namespace) -> int:
         return 0
     summary = baseline.summarize(Journal(Path(args.reports) / JOURNAL_NAME), args.session)
     path = baseline.save(summary, Path(args.out), partial=args.partial, force=args.force)
-    table = Table(title=f"{summary['name']}: {len(summary['verdicts'])} verdicts")
+    table = Table(title=shown.text(f"{summary['name']}: {len(summary['verdicts'])} verdicts"))
     for name in ("claim", "verdict", "evidence"):
         table.add_column(name, overflow="fold")
     for v in summary["verdicts"]:
         evidence = v["evidence"] if len(v["evidence"]) <= 90 else v["evidence"][:87] + "..."
-        table.add_row(v["claim"], v["verdict"], evidence)
+        table.add_row(*map(shown.text, (v["claim"], v["verdict"], evidence)))
     Console().print(table)
     print(f"baseline written: {path}")
     if summary["lacks"]:
@@ -669,6 +671,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        # A terminal that cannot show every character (LC_ALL=C: ASCII) shows `\u4e2d` for
+        # what it cannot, instead of ending the command in a UnicodeEncodeError.
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     args, rest = parser().parse_known_args(argv)
     if rest and args.command != "run":
         parser().error(f"unrecognized arguments: {' '.join(rest)}")

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import baseline, differences, shapes, verdicts
+from harness import baseline, differences, shapes, shown, verdicts
 from harness.errors import HarnessError
 from harness.journal import Journal
 from harness.record import _jsonable
@@ -438,16 +438,16 @@ def _problem(summary) -> str | None:
 
 
 def render(comparison: Comparison, console) -> None:
-    """Rich tables: changed verdicts, then metric changes (flagged first). Every cell is Text,
-    never markup: test ids carry brackets (`test_x[float16]`)."""
+    """Rich tables: changed verdicts, then metric changes (flagged first). Every cell is
+    shown.text, never markup or terminal control: test ids carry brackets (`test_x[float16]`),
+    evidence anything."""
     from rich.table import Table
-    from rich.text import Text
 
     c = comparison
-    console.print(Text(f"A: {c.a}\nB: {c.b}"))
+    console.print(shown.text(f"A: {c.a}\nB: {c.b}"))
     if c.environment:
         changed = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in c.environment.items())
-        console.print(Text(f"environment: {changed}"))
+        console.print(shown.text(f"environment: {changed}"))
     if c.verdicts:
         table = Table(
             title=f"verdicts changed: {len(c.verdicts)}", title_style="bold red", expand=True
@@ -457,9 +457,14 @@ def render(comparison: Comparison, console) -> None:
         table.add_column("A -> B", max_width=24, overflow="fold")
         table.add_column("evidence", ratio=1, overflow="fold")  # the evidence gets the room
         for v in c.verdicts:
-            evidence = Text(f"B: {v.evidence_after}\n") + Text(f"A: {v.evidence_before}", "dim")
+            evidence = shown.text(f"B: {v.evidence_after}\n") + shown.text(
+                f"A: {v.evidence_before}", "dim"
+            )
             table.add_row(
-                Text(v.claim), Text(_short(v.test)), Text(f"{v.before} -> {v.after}"), evidence
+                shown.text(v.claim),
+                shown.text(_short(v.test)),
+                shown.text(f"{v.before} -> {v.after}"),
+                evidence,
             )
         console.print(table)
     if c.metrics:
@@ -477,33 +482,34 @@ def render(comparison: Comparison, console) -> None:
         table.add_column("p", max_width=14, overflow="fold")
         for m in c.metrics:
             table.add_row(
-                Text("FLAGGED" if m.flagged else ""),
-                Text(", ".join(m.claims)),
-                Text(f"{m.metric}\n") + Text(_short(m.test), "dim"),
+                shown.text("FLAGGED" if m.flagged else ""),
+                shown.text(", ".join(m.claims)),
+                shown.text(f"{m.metric}\n") + shown.text(_short(m.test), "dim"),
                 _change_cell(m),
-                Text(_percent(m.relative)),
-                Text(f"{m.p_value:.2g}" if m.p_value is not None else m.note),
+                shown.text(_percent(m.relative)),
+                shown.text(f"{m.p_value:.2g}" if m.p_value is not None else m.note),
                 style="bold red" if m.flagged else None,
             )
         console.print(table)
     for lost in c.lost:
-        console.print(Text(f"decision lost: {lost.describe()}", "bold red"))
+        console.print(shown.text(f"decision lost: {lost.describe()}", "bold red"))
     if c.not_compared:
         console.print(
-            Text(f"not compared (B ran part of the suite): {', '.join(c.not_compared)}", "yellow")
+            shown.text(
+                f"not compared (B ran part of the suite): {', '.join(c.not_compared)}", "yellow"
+            )
         )
     for side, missing in (("A", c.only_a), ("B", c.only_b)):
         if missing:
             more = f", ... ({len(missing)} in all)" if len(missing) > 5 else ""
-            console.print(Text(f"only in {side}: {', '.join(missing[:5])}{more}"))
+            console.print(shown.text(f"only in {side}: {', '.join(missing[:5])}{more}"))
     style = "bold red" if c.regressions else "green" if c.overlapped else "yellow"
-    console.print(Text(c.summary_line(), style))
+    console.print(shown.text(c.summary_line(), style))
 
 
 def _change_cell(m: MetricChange):
-    from rich.text import Text
 
-    cell = Text(f"{statistics.fmean(m.before):.4g} -> {statistics.fmean(m.after):.4g}")
+    cell = shown.text(f"{statistics.fmean(m.before):.4g} -> {statistics.fmean(m.after):.4g}")
     if len(m.before) > 1 or len(m.after) > 1:
         cell.append(f"\nmeans, n={len(m.before)} vs {len(m.after)}", "dim")
     return cell

@@ -33,6 +33,7 @@ from harness import (
     fingerprint,
     isolation,
     shapes,
+    shown,
     warned,
 )
 from harness.claims import catalogue, unknown_ids
@@ -665,13 +666,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     records = state.session_records()
     if records:
         show = render if config.getoption("verbose") > 0 else summary  # -v: the full evidence
-        terminalreporter.write(show(records, writer.fullwidth, writer.hasmarkup))
+        # The terminal's own encoding: pytest escapes a whole text it cannot encode (the table
+        # on one line, with literal \n), so the table is made for it.
+        encoding = getattr(getattr(writer, "_file", None), "encoding", None)
+        terminalreporter.write(show(records, writer.fullwidth, writer.hasmarkup, encoding))
     terminalreporter.write_line(f"journal: {state.journal.path}")
     for record in records:
         if "torch_warnings" in record.params:
             terminalreporter.write_line(
                 f"torch warned in {record.test} (recorded with it, not fatal): "
-                f"{cap(record.params['torch_warnings'], 'in its record', chars=300, lines=1)}",
+                + shown.visible(cap(record.params["torch_warnings"], "in its record", 300, 1)),
                 yellow=True,
             )
     for message in dict.fromkeys(state.journal_warnings):
@@ -732,7 +736,7 @@ def _write_comparison(terminalreporter, state: AmpSession) -> None:
         bold=True,
     )
     for line in comparison.regressions:
-        terminalreporter.write_line(f"  {line}", red=True)
+        terminalreporter.write_line(f"  {shown.visible(line)}", red=True)  # baseline evidence
     terminalreporter.write_line(
         f"every change: `amp-harness compare {state.baseline} {state.entry['session_id']} "
         f"--reports {state.reports}`"

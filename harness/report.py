@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import html
 import os
 import re
 import shutil
@@ -60,7 +59,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import harness
-from harness import diagnoses, differences, filenames, record, table, tracking, verdicts
+from harness import diagnoses, differences, filenames, record, shown, table, tracking, verdicts
 from harness import environments as envs  # not `environments`: the ledger's columns
 from harness.claims import catalogue
 from harness.errors import HarnessError
@@ -168,9 +167,9 @@ def build(
     """Write the report into the folder `out` (replaced whole if it holds an earlier report) and
     return the path of its index.html.
 
-    `comparison` is the hook for harness.compare: already-rendered text (shown verbatim in
-    summary.md and as escaped preformatted text in the HTML) or a list of rows (dicts with the
-    same keys), shown as a table.
+    `comparison` is the hook for harness.compare: a line of text (escaped in summary.md, as
+    preformatted text in the HTML: it quotes session names, paths and what was wrong with a
+    baseline, all data) or a list of rows (dicts with the same keys), shown as a table.
     """
     out = Path(out)
     _check_target(out)
@@ -732,8 +731,8 @@ def _markdown(context: dict) -> str:
     comparison = context["comparison"]
     if comparison is not None:
         lines += ["", "## Comparison", ""]
-        if isinstance(comparison, str):
-            lines.append(comparison)
+        if isinstance(comparison, str):  # it quotes session names and paths: data too
+            lines.append(_md(comparison))
         else:
             columns = context["comparison_columns"]
             lines.append("| " + " | ".join(_md(c) for c in columns) + " |")
@@ -762,8 +761,9 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _md(text: str) -> str:
-    """Text in a markdown table cell: no markup, no cell break, no line break."""
-    return html.escape(" ".join(str(text).split()), quote=False).replace("|", "\\|")
+    """Text in a markdown table cell: no markup (no link, image or raw HTML from a claim, evidence
+    or a baseline), no cell break, no line break."""
+    return shown.markdown(text)
 
 
 def _slug(test: str) -> str:

@@ -13,14 +13,13 @@ report (harness.report) caps its entries the same way.
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections import Counter
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness import verdicts
+from harness import shown, verdicts
 from harness.claims import ARTICLE, VERDICTS, Claim, catalogue
 from harness.record import Record
 
@@ -105,7 +104,7 @@ def _claim_cell(claim_id: str, claim: Claim | None) -> Text:
     a team decision): the article's claims, the table's default, keep one line."""
     cell = Text(claim_id)
     if claim is not None and claim.catalogue != ARTICLE:
-        cell.append(f"\n{_one_line(claim.source, SOURCE_CHARS)}", "dim")
+        cell.append(f"\n{shown.visible(_one_line(claim.source, SOURCE_CHARS))}", "dim")
     return cell
 
 
@@ -117,16 +116,25 @@ def against_expected(label: str, claim: Claim | None) -> str:
     return label
 
 
-def summary(records: list[Record], width: int, color: bool) -> str:
-    """One line per claim under a title naming the devices once, then the counts by verdict."""
+def _console(width: int, color: bool, encoding: str | None) -> Console:
+    """A console that writes text for a terminal of `width` columns in `encoding` (shown.Buffer:
+    ASCII boxes and escapes where it is not UTF-8); its text is `console.file.getvalue()`."""
+    out = shown.Buffer(encoding)
+    return Console(file=out, width=width, force_terminal=color, no_color=not color, highlight=False)
+
+
+def _title(records: list[Record]) -> Text:
     devices = sorted({record.device for record in records})
+    return shown.text(f"amp-harness verdicts on {'; '.join(devices)}", style="bold")
+
+
+def summary(records: list[Record], width: int, color: bool, encoding: str | None = None) -> str:
+    """One line per claim under a title naming the devices once, then the counts by verdict.
+    Text from records is shown as data (harness.shown), in the terminal's `encoding`."""
     found = _in_catalogue_order(records)
     known = catalogue()
-    out = io.StringIO()
-    console = Console(
-        file=out, width=width, force_terminal=color, no_color=not color, highlight=False
-    )
-    console.print(Text(f"amp-harness verdicts on {'; '.join(devices)}", style="bold"))
+    console = _console(width, color, encoding)
+    console.print(_title(records))
     id_width = max((len(claim) for claim, _verdict in found), default=0)
     labels = [against_expected(verdict.label, known.get(claim)) for claim, verdict in found]
     label_width = min(max((len(label) for label in labels), default=0), 28)
@@ -134,7 +142,7 @@ def summary(records: list[Record], width: int, color: bool) -> str:
         room = width - id_width - label_width - 4
         line = Text(f"{claim:<{id_width}}  ")
         line.append(f"{label:<{label_width}}", style=_style(verdict.label))
-        line.append(f"  {_headline(verdict, room)}" if room > 10 else "")
+        line.append(shown.visible(f"  {_headline(verdict, room)}") if room > 10 else "")
         console.print(line, no_wrap=True, overflow="ellipsis")
     counts = Counter(_kind(verdict) for _claim, verdict in found)
     console.print(
@@ -145,8 +153,8 @@ def summary(records: list[Record], width: int, color: bool) -> str:
         )
     )
     for line in regressions(records):
-        console.print(Text(line), style=KIND_STYLE[verdicts.REGRESSION])
-    return out.getvalue()
+        console.print(shown.text(line), style=KIND_STYLE[verdicts.REGRESSION])
+    return console.file.getvalue()
 
 
 def _headline(verdict: verdicts.ClaimVerdict, room: int) -> str:
@@ -170,9 +178,9 @@ def _count_order(item: tuple[str, int]) -> tuple[int, str]:
     return (order.index(item[0]) if item[0] in order else len(order), item[0])
 
 
-def render(records: list[Record], width: int, color: bool) -> str:
-    devices = sorted({record.device for record in records})
-    table = Table(title=f"amp-harness verdicts on {'; '.join(devices)}", expand=True)
+def render(records: list[Record], width: int, color: bool, encoding: str | None = None) -> str:
+    """The full table (pytest -v): each test's status and evidence, shown as data."""
+    table = Table(title=_title(records), expand=True)
     table.add_column("claim", max_width=24, overflow="fold")
     table.add_column("verdict", max_width=24, overflow="fold")
     table.add_column("evidence", ratio=1, overflow="fold")  # the evidence gets the room
@@ -183,13 +191,12 @@ def render(records: list[Record], width: int, color: bool) -> str:
         table.add_row(
             _claim_cell(claim, known.get(claim)),
             Text(against_expected(verdict, known.get(claim))),
-            Text(evidence),
-            Text(device),
+            shown.text(evidence),
+            shown.text(device),
             style=_style(verdict),
         )
-    out = io.StringIO()
-    console = Console(file=out, width=width, force_terminal=color, no_color=not color)
+    console = _console(width, color, encoding)
     console.print(table)
     for line in regressions(records):
-        console.print(Text(line), style=KIND_STYLE[verdicts.REGRESSION])
-    return out.getvalue()
+        console.print(shown.text(line), style=KIND_STYLE[verdicts.REGRESSION])
+    return console.file.getvalue()

@@ -236,10 +236,11 @@ def test_comparison_hook_shows_rows_and_text_escaped(store, built, tmp_path):
     section = page.split('<section id="comparison">')[1].split("</section>")[0]
     assert "<th>claim</th><th>change</th>" in section
     assert "<td>&lt;b&gt;refuted&lt;/b&gt; -&gt; confirmed</td>" in section
-    text = "| claim | change |\n|---|---|\n| FMT-BITS | <i>x</i> |"
+    text = "no comparison: X.json: field [x](javascript:alert(1)) <i>x</i> | y"
     out = report.build(default_uri(store), tmp_path / "text", comparison=text).parent
     assert "&lt;i&gt;x&lt;/i&gt;" in (out / "index.html").read_text()
-    assert text in (out / "summary.md").read_text()  # already markdown: as given
+    summary = (out / "summary.md").read_text()  # text, not markdown: no link, no HTML
+    assert r"field \[x\](javascript:alert(1)) &lt;i>x&lt;/i> \| y" in summary
     # The comparison's long lines wrap on the page instead of scrolling off it.
     assert re.search(r"pre\.comparison \{[^}]*white-space: pre-wrap", page)
 
