@@ -379,7 +379,11 @@ def _sessions(runs: list, link) -> list[tuple[dict[str, str], Session]]:
         session = found.setdefault(
             sid, {"env": _env(run), "started": run.info.start_time, "parent": None, "tests": []}
         )
-        if kind == "session":
+        # Two parent runs of one session: a retried runs/create made one more (issue 24). The
+        # one that ended is the session's; the other never ended, and never ran anything.
+        if kind == "session" and (
+            session["parent"] is None or session["parent"].info.status == "RUNNING"
+        ):
             session.update(env=_env(run), started=run.info.start_time, parent=run)
         else:
             session["tests"].append(run)

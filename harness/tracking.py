@@ -466,8 +466,8 @@ class MlflowSink:
     def _parent(self, session: dict) -> str:
         sid = session["session_id"]
         if sid not in self._parents:
-            found = [r for r in self._session_runs(sid) if r.data.tags.get("amp.kind") == "session"]
-            self._parents[sid] = found[0].info.run_id if found else self._create_parent(session)
+            found = _main_parent(self._session_runs(sid))
+            self._parents[sid] = found.info.run_id if found else self._create_parent(session)
         return self._parents[sid]
 
     def _create_parent(self, session: dict) -> str:
@@ -499,9 +499,41 @@ class MlflowSink:
 
     def end_session(self, session: dict, end: dict) -> None:
         self._guard("ending the session run", self._end_session, session, end)
+        self._guard("deleting runs made twice", self._drop_copies, session["session_id"])
+
+    def _drop_copies(self, session_id: str) -> int:
+        """Delete the runs of the session made twice: MLflow's client sends a request again
+        when the answer was a 500 or did not come in time, also a request the server has
+        already carried out (runs/create: a second parent run, left RUNNING for ever, or a
+        second child run, left half-logged). The copy kept of each: the parent run the session
+        logged under; for a test, its complete run (under that parent where there are several).
+        What is deleted says why (the tag amp.end_reason), and MLflow can restore it."""
+        present = self._session_runs(session_id)
+        main = _main_parent(present)
+        parent = self._parents.get(session_id) or (main.info.run_id if main else None)
+        copies = [
+            r for r in present
+            if r.data.tags.get("amp.kind") == "session" and r.info.run_id != parent
+        ]  # fmt: skip
+        by_record: dict[str, list] = {}
+        for run in present:
+            if run.data.tags.get("amp.kind") == "test":
+                by_record.setdefault(run.data.tags.get("amp.record_id"), []).append(run)
+        for runs in by_record.values():
+            if len(runs) > 1 and any(_complete(r) for r in runs):
+                under = [r.data.tags.get("mlflow.parentRunId") == parent for r in runs]
+                kept = max(range(len(runs)), key=lambda i: (_complete(runs[i]), under[i]))
+                copies += runs[:kept] + runs[kept + 1 :]
+        for run in copies:
+            kept_id = parent if run.data.tags.get("amp.kind") == "session" else "another run"
+            self.client.set_tag(run.info.run_id, END_REASON, (
+                f"deleted by amp-harness: a copy of {kept_id}, made when MLflow's client sent "
+                "its request again after the server had carried it out"))  # fmt: skip
+            self.client.delete_run(run.info.run_id)
+        return len(copies)
 
     def _log_record(self, session: dict, record: Record) -> None:
-        from mlflow.entities import Metric, Param
+        from mlflow.entities import Metric, Param, RunTag
 
         parent = self._parent(session)
         found = verdicts.of_record(record)  # each claim's status, as it counts
@@ -539,8 +571,6 @@ class MlflowSink:
                 for step, v in enumerate(values)
             ]
             params = [Param(k, v) for k, v in {**record.params, "device": record.device}.items()]
-            # One call for every metric and history of the test: per-step calls cost ~40x more.
-            self.client.log_batch(run_id, metrics=metrics, params=params)
             self.client.log_text(
                 run_id, redact(json.dumps(record.to_dict(), indent=1)), "record.json"
             )
@@ -551,7 +581,16 @@ class MlflowSink:
                 else:
                     log.warning("%s: figure %s is gone; not logged", record.test, path)
             self.client.set_terminated(run_id, _STATUS[record.outcome], stamp)
-            self.client.set_tag(run_id, COMPLETE, "true")  # the last call: the run counts now
+            # One call for every metric and history of the test (per-step calls cost ~40x more)
+            # and, last, the completion tag: MLflow writes a batch's tags after its params and
+            # metrics. A batch MLflow's client would split (tags go with the first part) ends
+            # with a call of its own for the tag.
+            done = [RunTag(COMPLETE, "true")]  # the run counts from here on
+            if _one_batch(metrics, params, done):
+                self.client.log_batch(run_id, metrics=metrics, params=params, tags=done)
+            else:
+                self.client.log_batch(run_id, metrics=metrics, params=params)
+                self.client.log_batch(run_id, tags=done)
         except Exception as exc:
             if _refused(exc):  # MLflow answered and said no: no half run left to look complete
                 with contextlib.suppress(Exception):
@@ -598,9 +637,11 @@ class MlflowSink:
         per journal (`on_wait` is called when it has to wait for another one)."""
         counts = dict.fromkeys(
             ("sessions", "records_sent", "records_present", "records_replaced",
-             "records_refused", "sessions_killed", "sessions_running"), 0,
+             "records_refused", "sessions_killed", "sessions_running", "copies_deleted"), 0,
         )  # fmt: skip
         folder = journal.path.parent
+        if self.client is not None and self.store is not None:
+            _commit_without_fsync(self.client)
         with _locked(folder / SYNC_LOCK, on_wait):
             for sid, session in journal.sessions().items():
                 if is_running(folder, sid):  # its own process logs it; its end is to come
@@ -620,9 +661,9 @@ class MlflowSink:
         return counts
 
     def _sync_session(self, session: Session, present: list, counts: dict[str, int]) -> None:
-        parents = [r for r in present if r.data.tags.get("amp.kind") == "session"]
-        if parents:
-            self._parents[session.entry["session_id"]] = parents[0].info.run_id
+        main = _main_parent(present)
+        if main:
+            self._parents[session.entry["session_id"]] = main.info.run_id
         journalled = {r.record_id for r in session.records}
         complete: set[str] = set()
         half: list = []
@@ -634,6 +675,7 @@ class MlflowSink:
                 complete.add(record_id)
             elif record_id in journalled:  # the journal holds all of it: log it afresh
                 half.append(run)
+        sent = False
         for run in half:
             self._guard("deleting a half-logged run", self.client.delete_run, run.info.run_id)
             if self.down:
@@ -643,15 +685,19 @@ class MlflowSink:
             if record.record_id in complete:
                 counts["records_present"] += 1
                 continue
-            refused = len(self.refused)
+            refused, sent = len(self.refused), True
             self.log_record(session.entry, record)
             if self.down:
                 return
             counts["records_refused" if len(self.refused) > refused else "records_sent"] += 1
         if session.end:
-            self.end_session(session.entry, session.end)
+            self._guard("ending the session run", self._end_session, session.entry, session.end)
         elif self._guard("ending an unfinished session run", self._end_unfinished, session):
             counts["sessions_killed"] += 1
+        sid = session.entry["session_id"]
+        if sent or _has_copies(present):  # what this sync sent may have been made twice too
+            counts["copies_deleted"] += self._guard("deleting runs made twice",
+                                                    self._drop_copies, sid) or 0  # fmt: skip
 
 
 def search_runs(client, experiment_id: str, query: str = "") -> list:
@@ -663,6 +709,53 @@ def search_runs(client, experiment_id: str, query: str = "") -> list:
         token = page.token
         if not token:
             return runs
+
+
+def _commit_without_fsync(mlflow_client) -> None:
+    """This process's commits to the embedded SQLite store, without SQLite's fsync of each.
+
+    Every MLflow call is a transaction, and SQLite makes each durable with an fsync: 8 of them a
+    record, 70% of the time `sync` took to rebuild a store (8 records a second on a laptop's
+    disk; 35 without). What `sync` writes is durable already, in the journal: a crash of the
+    process leaves the store whole (SQLite's journal still rolls back), and the rarer loss of
+    the machine in the middle of a sync can leave it damaged, which says so and is rebuilt from
+    the journal the same way. Sessions, which write each result once, keep the fsync."""
+    from sqlalchemy import event
+
+    engine = getattr(mlflow_client._tracking_client.store, "engine", None)
+    if engine is not None and not event.contains(engine, "connect", _no_fsync):
+        event.listen(engine, "connect", _no_fsync)
+        engine.dispose()  # the pooled connections reopen with it
+
+
+def _no_fsync(connection, _record) -> None:
+    connection.execute("PRAGMA synchronous=OFF")
+
+
+def _main_parent(runs: list):
+    """The session's parent run among `runs`, or None: where a retried runs/create made two,
+    the one its tests were logged under (then one that ended, then the first made)."""
+    parents = [r for r in runs if r.data.tags.get("amp.kind") == "session"]
+    under = [r.data.tags.get("mlflow.parentRunId") for r in runs]
+    return min(parents, default=None, key=lambda r: (
+        -under.count(r.info.run_id), r.info.status == "RUNNING", r.info.start_time))  # fmt: skip
+
+
+def _has_copies(runs: list) -> bool:
+    """Whether `runs`, one session's, hold two parent runs or two runs of one record."""
+    keys = [r.data.tags.get("amp.record_id") or r.data.tags.get("amp.kind") for r in runs]
+    return len(keys) != len(set(keys))
+
+
+def _one_batch(metrics: list, params: list, tags: list) -> bool:
+    """Whether MLflow's client sends this log_batch as one request (it splits a larger one)."""
+    from mlflow.utils import validation as limits
+
+    return (
+        len(metrics) <= limits.MAX_METRICS_PER_BATCH
+        and len(params) + len(tags) <= limits.MAX_PARAMS_TAGS_PER_BATCH
+        and len(metrics) + len(params) + len(tags) <= limits.MAX_ENTITIES_PER_BATCH
+    )
 
 
 def _complete(run) -> bool:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -130,3 +131,74 @@ class PostgresServer:
             self._run("pg_ctl", "-D", str(self.folder / "data"), "-m", "immediate", "-w", "stop")
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder = None
+
+
+class FlakyProxy:
+    """A proxy on loopback in front of a server at `target` (http://127.0.0.1:PORT) that forwards
+    every request and answers 500 to every `every`-th POST once the server has done its work:
+    what a server that fails on the way back (or a gateway that gives up on a slow answer) looks
+    like to MLflow's client, which retries the request. Threads of this process; `stop` ends
+    them."""
+
+    HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "host", "content-length"}
+
+    def __init__(self, target: str, every: int = 3):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlparse
+
+        self.target, self.every = urlparse(target), every
+        self.posts, self.failed = 0, 0
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                import http.client
+
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in proxy.HOP_BY_HOP}  # fmt: skip
+                upstream = http.client.HTTPConnection(
+                    proxy.target.hostname, proxy.target.port, timeout=60
+                )
+                try:
+                    upstream.request(self.command, self.path, body, headers)
+                    answer = upstream.getresponse()
+                    status, content = answer.status, answer.read()
+                    kind = answer.getheader("Content-Type", "application/json")
+                finally:
+                    upstream.close()
+                if self.command == "POST" and proxy._fail_this_one():
+                    status, kind = 500, "application/json"
+                    content = b'{"error_code": "INTERNAL_ERROR", "message": "proxy: 500"}'
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.uri = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def _fail_this_one(self) -> bool:
+        with self._lock:
+            self.posts += 1
+            fail = self.posts % self.every == 0
+            self.failed += fail
+            return fail
+
+    def start(self) -> FlakyProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
