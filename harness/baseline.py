@@ -21,11 +21,12 @@ from pathlib import Path
 from harness import environments, shapes, verdicts
 from harness.errors import HarnessError
 from harness.journal import Journal, Session
+from harness.journal_index import Indexed
 
 FORMAT = 2  # 2: verdicts carry their test's outcome (`stands`); sessions say what they lack
 
 
-def find_session(sessions: dict[str, Session], session_id: str, where: Path) -> str:
+def find_session(sessions: dict[str, Indexed], session_id: str, where: Path) -> str:
     """The full id of the session `session_id` names: the id itself or a unique prefix of it
     (the 8 characters `compare` prints)."""
     if session_id in sessions:
@@ -45,13 +46,13 @@ def find_session(sessions: dict[str, Session], session_id: str, where: Path) -> 
 def summarize(journal: Journal, session_id: str | None = None, ending: dict | None = None) -> dict:
     """The verdicts and scalar metrics of one session (the last one by default). `ending`: the
     end entry of a session still finishing (the plugin compares before it records its end)."""
-    sessions = journal.sessions()
+    sessions = journal.index()  # only the session summarized is read whole
     if not sessions:
         raise HarnessError(f"{journal.path}: no session recorded yet: run `amp-harness run` first")
     if session_id is None:
         session_id = list(sessions)[-1]
     session_id = find_session(sessions, session_id, journal.path)
-    session = sessions[session_id]
+    session = journal.load([sessions[session_id]])[session_id]
     if ending is not None:
         session.end = ending
     statuses = [(r, verdicts.of_record(r)) for r in session.records]

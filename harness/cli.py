@@ -103,9 +103,18 @@ def _last_verdicts(reports: str) -> dict[str, dict]:
     """Each claim's verdict in the last session that ran a test of it, across that session's
     tests (harness.verdicts' rule: a later GPU-only skip does not hide earlier CPU decisions
     of the same session, and a failure is never hidden)."""
+    journal = Journal(Path(reports) / JOURNAL_NAME)
+    # The last session that declares each claim, found in the index: only those sessions'
+    # records are read (a year of CI history holds thousands).
+    latest: dict[str, str] = {}  # claim -> session id
+    sessions = journal.index()
+    for sid, session in sessions.items():  # oldest first
+        latest.update(dict.fromkeys(session.claims, sid))
     last: dict[str, dict] = {}
-    for session in Journal(Path(reports) / JOURNAL_NAME).sessions().values():  # oldest first
+    for sid, session in journal.load(sessions[s] for s in set(latest.values())).items():
         for claim, verdict in verdicts.by_claim(session.records).items():
+            if latest[claim] != sid:
+                continue  # a later session has its verdict
             last[claim] = {
                 "verdict": verdict.label,
                 "stands": verdict.stands,

@@ -24,18 +24,16 @@ import fcntl
 import json
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import shapes
+from harness import journal_index, shapes
 from harness.errors import HarnessError
+from harness.journal_index import Indexed
 from harness.record import Record
 
 JOURNAL_NAME = "journal.jsonl"
-# Every entry starts with its type (json.dumps keeps the key order the harness writes): where a
-# line's start is garbage, a complete entry after it starts at one of these.
-_ENTRY_START = b'{"type"'
 
 
 @dataclass
@@ -45,26 +43,6 @@ class Session:
     entry: dict
     records: list[Record] = field(default_factory=list)
     end: dict | None = None
-
-
-# The fields each kind of entry must have for its readers (tracking, baseline, compare, list),
-# each with the JSON it must hold (a harness.shapes spec). Other fields are kept as they are.
-_ENTRY_FIELDS = {
-    "session": {
-        "session_id": "text",
-        "name": "text",
-        "started": "number",
-        "args": ("list", "text"),
-        "fingerprint": "object",
-    },
-    "record": {"session_id": "text", "record": "object"},
-    "session_end": {
-        "session_id": "text",
-        "ended": "number",
-        "exitstatus": "whole",
-        "counts": ("object", "whole"),
-    },
-}
 
 
 class Journal:
@@ -142,7 +120,7 @@ class Journal:
             for number, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
-                entry, skipped = _read_line(line)
+                entry, skipped = journal_index.read_line(line)
                 where = f"{self.path}:{number}"
                 if entry is None:
                     warnings.warn(
@@ -157,59 +135,36 @@ class Journal:
                     )
                 yield number, entry
 
+    def index(self) -> dict[str, Indexed]:
+        """Every session, in the order they began, by id, as harness.journal_index holds it:
+        its entries and where its records are, without reading them. What a full reading finds
+        is said each time: a corrupt line, an entry that cannot be used (a field missing or of
+        the wrong type: skipped, naming its line and the field), records whose session entry is
+        missing or unusable (left out), what a newer version wrote."""
+        if not self.path.exists():
+            return {}
+        index = journal_index.read(self.path)
+        for message in index.warnings(self.path):
+            warnings.warn(message, stacklevel=2)
+        return index.sessions
+
+    def load(self, chosen: Iterable[Indexed]) -> dict[str, Session]:
+        """The sessions `chosen` from `index()`, with their records: only theirs are read."""
+        chosen = {s.entry["session_id"]: s for s in chosen}
+        if not chosen:
+            return {}  # nothing to read, in a journal that may not be there at all
+        try:
+            found = journal_index.records(self.path, list(chosen.values()))
+        except HarnessError:  # edited since index(): index it again (said already), read again
+            fresh = journal_index.read(self.path).sessions
+            chosen = {sid: fresh[sid] for sid in chosen if sid in fresh}
+            found = journal_index.records(self.path, list(chosen.values()))
+        return {sid: Session(s.entry, found[sid], s.end) for sid, s in chosen.items()}
+
     def sessions(self) -> dict[str, Session]:
-        """Every session, in the order they began, by id. An entry that cannot be used (a field
-        missing or of the wrong type) is skipped with a warning naming its line and the field;
-        a record whose session entry is missing or unusable belongs to none and is left out,
-        and said."""
-        found: dict[str, Session] = {}
-        unknown: dict[str, list[int]] = {}  # field or entry type -> the lines that hold it
-        orphans: list[int] = []
-        for number, entry in self._numbered_entries():
-            kind = entry["type"]
-            if kind not in _ENTRY_FIELDS:
-                unknown.setdefault(f"entry type {kind!r}", []).append(number)
-                continue
-            problem = shapes.fields_problem(entry, _ENTRY_FIELDS[kind])
-            problem = problem and f"{kind} entry: {problem}"
-            record = None
-            if problem is None and kind == "record":
-                try:
-                    record = Record.from_dict(entry["record"])
-                except HarnessError as exc:
-                    problem = f"record: {exc}"
-                for name in Record.unknown_fields(entry["record"]):
-                    unknown.setdefault(f"record.{name}", []).append(number)
-            if problem is not None:
-                warnings.warn(
-                    f"{self.path}:{number}: skipped a journal entry it cannot use: {problem} "
-                    "(the line stays in the file: fix it by hand to read it again)",
-                    stacklevel=2,
-                )
-                continue
-            session = found.get(entry["session_id"])
-            if kind == "session":
-                found[entry["session_id"]] = Session(entry)
-            elif session is None:
-                orphans.append(number)
-            elif record is not None:
-                session.records.append(record)
-            else:
-                session.end = entry
-        if orphans:
-            warnings.warn(
-                f"{self.path}: left out {len(orphans)} entries of sessions whose session entry "
-                f"is missing or unusable (lines {_lines(orphans)})",
-                stacklevel=2,
-            )
-        if unknown:
-            names = ", ".join(f"{name} (lines {_lines(lines)})" for name, lines in unknown.items())
-            warnings.warn(
-                f"{self.path}: ignored what this version of amp-harness does not know (written "
-                f"by a newer one? upgrade to read it): {names}",
-                stacklevel=2,
-            )
-        return found
+        """Every session with its records, in the order they began, by id (`index`, then
+        `load`: what the index says is said here too)."""
+        return self.load(self.index().values())
 
 
 def _line(entry: dict) -> bytes:
@@ -228,41 +183,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _read_line(line: bytes) -> tuple[dict | None, str]:
-    """The entry a journal line holds, and what was skipped to read it ("" if nothing); None and
-    why if the line holds none.
-
-    The whole line is tried first. Failing that, a complete entry at the end of the line, after
-    garbage: each place where an entry could start (`{"type"`), left to right, is tried, and
-    the first one that parses as an entry up to the end of the line wins. Left to right finds
-    the outermost entry: a nested object that also starts with "type" (a param named type)
-    parses but leaves the rest of its entry unread, so it is never taken for one."""
-    entry, why = _parse(line)
-    if entry is not None:
-        return entry, ""
-    start = line.find(_ENTRY_START, 1)
-    while start != -1:
-        found, _ = _parse(line[start:])
-        if found is not None:
-            return found, f"{start} bytes: {why}"
-        start = line.find(_ENTRY_START, start + 1)
-    return None, why
-
-
-def _parse(text: bytes) -> tuple[dict | None, str]:
-    try:
-        entry = shapes.loads(text.decode("utf-8"))  # a line nested too deeply: a ValueError
-    except UnicodeDecodeError as exc:
-        return None, f"not UTF-8 at byte {exc.start}"
-    except ValueError as exc:
-        return None, str(exc)
-    if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
-        return None, "not a journal entry"
-    return entry, ""
-
-
-def _lines(numbers: list[int]) -> str:
-    shown = ", ".join(map(str, numbers[:5]))
-    return shown + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")

@@ -258,7 +258,9 @@ class AmpSession:
         journal."""
         if self.records or self.journal is None:
             return self.records
-        return self.read_journal(self.journal.sessions)[self.entry["session_id"]].records
+        sid = self.entry["session_id"]
+        session = self.read_journal(self.journal.index)[sid]
+        return self.journal.load([session])[sid].records
 
     def read_journal(self, read):
         """`read()` of the journal, its warnings (entries it skipped, naming file:line) kept to

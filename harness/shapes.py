@@ -68,21 +68,28 @@ def problem(value, spec, where: str = "") -> str | None:
         container, item = spec
         if not isinstance(value, dict if container == "object" else list):
             return f"{where} is {kind_of(value)}, not {_describe(spec)}"
+        inner_values = value.values() if isinstance(value, dict) else value
+        if isinstance(item, str) and all(_fits(inner, item) for inner in inner_values):
+            return None  # the common case, without a path built for each item (a history)
         pairs = value.items() if isinstance(value, dict) else enumerate(value)
         for key, inner in pairs:
             found = problem(inner, item, f"{where}[{key!r}]")
             if found:
                 return found
         return None
+    return None if _fits(value, spec) else f"{where} is {kind_of(value)}, not {_describe(spec)}"
+
+
+def _fits(value, word: str) -> bool:
+    """Whether `value` is JSON of the kind `word` names."""
+    if word == "text":
+        return isinstance(value, str)
+    if word == "object":
+        return isinstance(value, dict)
     number = isinstance(value, int | float) and not isinstance(value, bool)
-    fine = {
-        "text": isinstance(value, str),
-        "number": number,
-        "whole": number and isinstance(value, int),
-        "value": number or value in NON_FINITE,
-        "object": isinstance(value, dict),
-    }[spec]
-    return None if fine else f"{where} is {kind_of(value)}, not {_describe(spec)}"
+    if word == "whole":
+        return number and isinstance(value, int)
+    return number or (word == "value" and value in NON_FINITE)
 
 
 def fields_problem(data: dict, fields: dict) -> str | None:

@@ -391,3 +391,128 @@ def test_a_full_disk_is_an_error_naming_the_journal_and_the_fix_and_leaves_no_cu
         "scenarios/test_x.py::test_0",
         "scenarios/test_x.py::test_1",
     ]
+
+
+# --- the index (issue 24, item 14): a reading parses what was appended since the last one, and
+# says what a full reading would ---
+
+
+def fresh_reading(journal: Journal) -> dict:
+    """What a reading without the index finds: (entry, end, records as dicts) per session."""
+    journal.path.with_name(".journal.jsonl.index").unlink(missing_ok=True)
+    return {sid: (s.entry, s.end, [r.to_dict() for r in s.records])
+            for sid, s in journal.sessions().items()}  # fmt: skip
+
+
+def test_a_reading_parses_only_what_was_appended_since_the_last(tmp_path, monkeypatch):
+    from harness import journal_index
+
+    journal = Journal(tmp_path / "journal.jsonl")
+    write_session(journal, tmp_path, "s1", tests=3)
+    assert list(journal.sessions()) == ["s1"]
+    assert journal.path.with_name(".journal.jsonl.index").is_file()
+    write_session(journal, tmp_path, "s2", tests=2)
+    judged = []
+    real_add = journal_index.Index.add
+
+    def add(self, number, *args):
+        judged.append(number)
+        return real_add(self, number, *args)
+
+    monkeypatch.setattr(journal_index.Index, "add", add)
+    sessions = journal.sessions()
+    assert judged == [6, 7, 8, 9]  # s2's session entry, 2 records, its end: nothing of s1
+    assert [len(s.records) for s in sessions.values()] == [3, 2]
+    monkeypatch.undo()
+    assert {sid: (s.entry, s.end, [r.to_dict() for r in s.records])
+            for sid, s in sessions.items()} == fresh_reading(journal)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda text: text.replace('"2 bytes', '"3 bytes', 1),  # same length, in place
+        lambda text: text.replace('"name": "session s1"', '"name": "s1 renamed by hand"'),
+        lambda text: "".join(text.splitlines(keepends=True)[:3]),  # truncated
+        lambda text: text.replace('{"type": "record"', "garbage", 1),  # a line broken by hand
+    ],
+    ids=["same-length", "longer", "truncated", "broken"],
+)
+def test_an_edit_of_what_was_indexed_is_read_as_it_is_now(tmp_path, edit):
+    """A hand edit (the fix the warnings suggest), a truncation: the part of the journal the
+    index covers has changed, so it is read again whole."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    write_session(journal, tmp_path, "s1", tests=2)
+    write_session(journal, tmp_path, "s2", tests=2)
+    journal.sessions()
+    journal.path.write_text(edit(journal.path.read_text(encoding="utf-8")), encoding="utf-8")
+    with warnings.catch_warnings(record=True) as indexed:
+        warnings.simplefilter("always")
+        found = {sid: (s.entry, s.end, [r.to_dict() for r in s.records])
+                 for sid, s in journal.sessions().items()}  # fmt: skip
+    with warnings.catch_warnings(record=True) as fresh:
+        warnings.simplefilter("always")
+        assert found == fresh_reading(journal)
+    assert [str(w.message) for w in indexed] == [str(w.message) for w in fresh]
+
+
+def test_what_a_reading_found_is_said_at_every_reading(tmp_path):
+    journal = Journal(tmp_path / "journal.jsonl")
+    write_session(journal, tmp_path, "s", tests=1)
+    with journal.path.open("a") as f:
+        f.write(CUT + "\n" + json.dumps({"type": "record", "session_id": "s", "record": {}}) + "\n")
+        f.write(json.dumps({"type": "record", "session_id": "nobody", "record": {}}) + "\n")
+        f.write(json.dumps({"type": "later", "session_id": "s"}) + "\n")
+    said = []
+    for _ in range(3):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            journal.sessions()
+        said.append([str(w.message) for w in caught])
+    assert said[0] == said[1] == said[2] and len(said[0]) == 4, said[0]
+    assert said[0][0].endswith("journal.jsonl:4: skipped a corrupt journal line (Invalid control "
+                               "character at: line 1 column 45 (char 44))")  # fmt: skip
+
+
+def test_a_last_line_without_its_new_line_is_read_and_judged_again_once_ended(tmp_path):
+    journal = Journal(tmp_path / "journal.jsonl")
+    write_session(journal, tmp_path, "s1", tests=1, end=False)
+    text = journal.path.read_text(encoding="utf-8")
+    journal.path.write_text(text.rstrip("\n"), encoding="utf-8")  # written by hand, or mid-write
+    assert len(journal.sessions()["s1"].records) == 1
+    journal.append({"type": "session_end", "session_id": "s1", "ended": 1.0, "exitstatus": 0,
+                    "counts": {"passed": 1}})  # fmt: skip
+    (session,) = journal.sessions().values()
+    assert len(session.records) == 1 and session.end is not None
+
+
+def test_a_folder_the_index_cannot_be_kept_in_is_read_all_the_same(tmp_path, monkeypatch):
+    journal = Journal(tmp_path / "journal.jsonl")
+    write_session(journal, tmp_path, "s1", tests=2)
+
+    def refused(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(Path, "write_text", refused)
+    assert [len(s.records) for s in journal.sessions().values()] == [2]
+    assert [len(s.records) for s in journal.sessions().values()] == [2]
+    assert not list(tmp_path.glob(".journal.jsonl.index*"))
+
+
+def test_list_reads_each_claim_from_the_last_session_that_declares_it(tmp_path, capsys):
+    """Only those sessions' records are read; the verdicts are the full reading's."""
+    from harness import cli
+
+    journal = Journal(tmp_path / "journal.jsonl")
+    for sid, claims in (("s1", ["FMT-BITS", "FMT-BYTES"]), ("s2", ["FMT-BITS"]), ("s3", [])):
+        journal.append({"type": "session", "session_id": sid, "name": sid, "started": 1.0,
+                        "args": [], "fingerprint": {}})  # fmt: skip
+        for index, claim in enumerate(claims):
+            found = record(tmp_path, index, claim)
+            found.verdicts[claim].evidence = f"{sid}: 2 bytes"
+            journal.append({"type": "record", "session_id": sid, "record": found.to_dict()})
+    assert cli.main(["list", "--json", "--reports", str(tmp_path)]) == 0
+    rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["FMT-BITS"]["last_evidence"] == "s2: 2 bytes"
+    assert rows["FMT-BYTES"]["last_evidence"] == "s1: 2 bytes"
+    assert rows["FMT-RANGE"]["last_verdict"] is None
