@@ -155,8 +155,8 @@ class Journal:
             return {}  # nothing to read, in a journal that may not be there at all
         try:
             found = journal_index.records(self.path, list(chosen.values()))
-        except HarnessError:  # edited since index(): index it again (said already), read again
-            fresh = journal_index.read(self.path).sessions
+        except HarnessError:  # edited since index(): index it anew (said already), read again
+            fresh = journal_index.read(self.path, rebuild=True).sessions
             chosen = {sid: fresh[sid] for sid in chosen if sid in fresh}
             found = journal_index.records(self.path, list(chosen.values()))
         return {sid: Session(s.entry, found[sid], s.end) for sid, s in chosen.items()}

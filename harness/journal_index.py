@@ -129,12 +129,12 @@ class Index:
         return said
 
 
-def read(path: Path) -> Index:
+def read(path: Path, rebuild: bool = False) -> Index:
     """The index of the journal at `path`: the one kept beside it, checked against the part of
     the journal it covers and extended with what was appended since (and kept again), or built
     anew. A last line without its new line (being written, or cut) is judged for this reading
-    only: the next one judges it again."""
-    index = _load(_index_path(path))
+    only: the next one judges it again. `rebuild`: read it all, whatever the index kept."""
+    index = Index() if rebuild else _load(_index_path(path))
     unended = b""
     with open(path, "rb") as f:
         hasher = hashlib.sha1()
@@ -183,15 +183,18 @@ def _index_path(path: Path) -> Path:
 
 
 def _load(path: Path) -> Index:
-    """The index kept at `path`; an empty one where there is none, or none this version reads."""
+    """The index kept at `path`; an empty one where there is none, or none this version reads
+    (another version's, a damaged one: the journal is then read whole)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = shapes.loads(path.read_text(encoding="utf-8"))
         if data.pop("format") != FORMAT:
             return Index()
         data["sessions"] = {sid: Indexed(**s) for sid, s in data["sessions"].items()}
-        return Index(**data)
+        index = Index(**data)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):  # absent or not ours
         return Index()
+    whole = all(isinstance(n, int) and n >= 0 for n in (index.covered, index.lines))
+    return index if whole and isinstance(index.digest, str) else Index()
 
 
 def _save(path: Path, index: Index) -> None:

@@ -516,3 +516,32 @@ def test_list_reads_each_claim_from_the_last_session_that_declares_it(tmp_path, 
     assert rows["FMT-BITS"]["last_evidence"] == "s2: 2 bytes"
     assert rows["FMT-BYTES"]["last_evidence"] == "s1: 2 bytes"
     assert rows["FMT-RANGE"]["last_verdict"] is None
+
+
+def _shift_offsets(text: str) -> str:
+    index = json.loads(text)
+    for session in index["sessions"].values():
+        session["records"] = [[n, offset + 1, length] for n, offset, length in session["records"]]
+    return json.dumps(index)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda text: "not json",
+        lambda text: "[" * 100_000,
+        lambda text: text.replace('"covered": ', '"covered": "x", "was": ', 1),
+        _shift_offsets,  # the digest still matches the journal: the offsets are wrong
+    ],
+    ids=["not-json", "too-deep", "wrong-type", "wrong-offsets"],
+)
+def test_a_damaged_index_costs_a_full_reading_and_nothing_else(tmp_path, damage):
+    journal = Journal(tmp_path / "journal.jsonl")
+    write_session(journal, tmp_path, "s1", tests=2)
+    write_session(journal, tmp_path, "s2", tests=1)
+    expected = fresh_reading(journal)
+    kept = tmp_path / ".journal.jsonl.index"
+    kept.write_text(damage(kept.read_text(encoding="utf-8")), encoding="utf-8")
+    found = {sid: (s.entry, s.end, [r.to_dict() for r in s.records])
+             for sid, s in journal.sessions().items()}  # fmt: skip
+    assert found == expected
