@@ -162,8 +162,8 @@ def read(path: Path, rebuild: bool = False) -> Index:
 
 def records(path: Path, sessions: list[Indexed]) -> dict[str, list[Record]]:
     """The records of `sessions` (from `read`), by session id, read at their offsets. A line
-    that no longer holds the record it held (the journal was edited since) is a
-    HarnessError; `read` again rebuilds the index."""
+    that no longer holds the record it held (the journal was edited since, or the index was
+    damaged) is a HarnessError: `read(path, rebuild=True)`, then ask again."""
     found: dict[str, list[Record]] = {}
     with open(path, "rb") as f:
         for session in sessions:
