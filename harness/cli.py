@@ -518,31 +518,44 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    """Measure the factory's model under every recipe the device runs; keep the diagnosis in a
-    file, then in MLflow; print the table."""
+    """Measure the factory's model under every recipe the device runs; print the table, then
+    keep the diagnosis in a file and in MLflow. Exit 1 when it could not judge (a capability
+    regression, an fp32 reference that diverged) or could not keep it."""
     import shutil
 
     from harness import devices, diagnose, diagnoses
 
     found = diagnose.diagnose(
         args.factory, devices.resolve(args.device, "--device"), steps=args.steps, lr=args.lr,
-        optimizer=args.optimizer, names=args.recipes or diagnose.RECIPES,
+        optimizer=args.optimizer, names=args.recipes or diagnose.RECIPES, horizon=args.horizon,
+        verify=args.verify, step_limit_s=args.step_timeout or None,
     )  # fmt: skip
-    saved = diagnoses.save(found, Path(args.reports))
     width = shutil.get_terminal_size((100, 24)).columns
     print(diagnoses.render(found, width, sys.stdout.isatty()), end="")
+    broken = [r.recipe for r in found.runs.values() if r.status in diagnose.BROKEN]
+    code = 1 if broken else 0
+    if broken:
+        print(f"diagnose: not judged or regressed: {', '.join(broken)} (see above)",
+              file=sys.stderr)  # fmt: skip
+    try:
+        saved = diagnoses.save(found, Path(args.reports))
+    except OSError as exc:
+        print(f"diagnose: the diagnosis above was not saved: {exc.strerror or exc} "
+              f"({exc.filename or args.reports}); pass --reports a writable folder",
+              file=sys.stderr)  # fmt: skip
+        return 1
     print(f"diagnosis: {saved}")
     if args.no_mlflow:
         print("MLflow: off (--no-mlflow); the diagnosis is in the file above")
-        return 0
+        return code
     try:
         uri = resolve_uri(args.tracking_uri, Path(args.reports))
         run_id = diagnoses.log(found, uri, saved, Path(args.reports))
     except Exception as exc:  # a dead server, an unopenable store: the file holds everything
         print(f"MLflow: not logged ({redact(str(exc))}); the diagnosis is in {saved}")
-        return 0
+        return code
     print(f"MLflow: run {run_id} in experiment {diagnoses.EXPERIMENT!r} at {redact(uri)}")
-    return 0
+    return code
 
 
 def parser() -> argparse.ArgumentParser:
@@ -665,6 +678,19 @@ def parser() -> argparse.ArgumentParser:
     diag.add_argument("--steps", type=int, default=8, help="training steps per recipe (8)")
     diag.add_argument("--lr", type=float, default=1e-3, help="learning rate (1e-3)")
     diag.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    diag.add_argument(
+        "--verify", type=int, default=0, metavar="N",
+        help="then train N steps under each recipe and each recommended fix, and say whether "
+        "the quick look's judgement held (the ground truth; slower)",
+    )  # fmt: skip
+    diag.add_argument(
+        "--horizon", type=int, default=1000, metavar="STEPS",
+        help="how far ahead the growth forecast looks (1000)",
+    )  # fmt: skip
+    diag.add_argument(
+        "--step-timeout", type=float, default=300, metavar="S",
+        help="a training step that runs longer is stopped, with an error (300; 0: no limit)",
+    )  # fmt: skip
     diag.add_argument(
         "--recipes", nargs="+", default=None, metavar="RECIPE",
         help="default: fp32 amp-fp16 amp-fp16-noscaler amp-bf16 half (fp32 always runs)",

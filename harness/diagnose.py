@@ -250,7 +250,11 @@ def _fix(run: Run) -> Fix | None:
     """The fix the rules recommend for the run, when it changes the run itself."""
     if not (run.keep_fp32 or run.adam_eps):
         return None
-    return Fix(run.recipe, tuple(dict.fromkeys(run.keep_fp32)), run.adam_eps)
+    named = list(dict.fromkeys(run.keep_fp32))
+    # A module inside another kept in fp32 is in fp32 already (and wrapping both would cast
+    # the inner one's output back to a half model's dtype in the middle of the outer one).
+    outermost = [m for m in named if not any(m.startswith(f"{o}.") for o in named)]
+    return Fix(run.recipe, tuple(outermost), run.adam_eps)
 
 
 def _try_fixes(
@@ -266,7 +270,7 @@ def _try_fixes(
             run.recipe, initial, quick, setting, fix=fix, reference_gradient=gradient
         )
         judge(fixed, diagnosis)
-        checks.append(FixCheck(fix.describe(), fixed.status, fixed.reasons, _held(run, fixed)))
+        checks.append(FixCheck(fix.describe(), fixed.status, fixed.reasons, fixed.status == SAFE))
     for status, other in ALTERNATIVES.items():
         if run.status == status and other in diagnosis.runs and other != run.recipe:
             alternative = diagnosis.runs[other]
@@ -277,10 +281,3 @@ def _try_fixes(
                 )
             )  # fmt: skip
     return checks
-
-
-def _held(run: Run, fixed: Run) -> bool:
-    """The fixed run lost what the fix was for and gained nothing that stops training."""
-    stops = {REGRESSION, FAILS, NOT_JUDGED, UNSTABLE}
-    addressed = set(run.findings) - {UNSTABLE, DRIFTS, NEEDS_SCALING}
-    return not (set(fixed.findings) & (addressed | stops))

@@ -95,9 +95,7 @@ class FixCheck:
     fix: str  # as harness.diagnose_fixes.Fix.describe() says it
     status: str  # what the rules say of the fixed run
     reasons: list[str]
-    # Whether what it was recommended for is gone, with no non-finite loss, error or
-    # regression in its place (another finding may remain: its reasons say which).
-    held: bool
+    held: bool  # the fixed run is safe: nothing the rules look for is left
 
 
 @dataclass
@@ -419,8 +417,11 @@ def _precision(run: Run, diagnosis: Diagnosis, found: dict) -> None:
 
 
 def _largest(diagnosis: Diagnosis) -> list[str]:
+    """The ops within HEADROOM_FACTOR of the largest fp32 value: where rounding costs most
+    (the same attention logits in every layer, not the one layer that peaked highest)."""
     ops = diagnosis.runs[REFERENCE].ops
-    return sorted(ops, key=lambda k: ops[k].peak, reverse=True)[:3]
+    top = max((x.peak for x in ops.values()), default=0.0)
+    return [k for k, x in ops.items() if x.peak * HEADROOM_FACTOR >= top > 0]
 
 
 def _stability(run: Run, recipe: recipes.Recipe, found: dict) -> None:

@@ -93,6 +93,8 @@ class _Watch:
     def _ops(self, calls: list[probes.OpCall]) -> None:
         this_step: dict[str, float] = {}
         for call in calls:
+            if call.fill or call.peak == torch.finfo(call.dtype).max:
+                continue  # a mask's constant (-inf, finfo.min), written on purpose
             if call.created and self.run.first_nonfinite is None:
                 self.run.first_nonfinite = (self.step, call.key)
             op = self.run.ops.setdefault(call.key, OpRange(str(call.dtype).removeprefix("torch.")))

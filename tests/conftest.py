@@ -33,6 +33,16 @@ pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    # Models this small gain nothing from intra-op threads, and when other processes share the
+    # cores, OpenMP's waiting threads make each step ten times slower or worse.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def run_scenario(pytester: pytest.Pytester, request: pytest.FixtureRequest):
     """Run a scenario module of this repository in a nested, in-process pytest session.

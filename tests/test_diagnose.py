@@ -19,6 +19,7 @@ from harness import diagnose_examples as examples
 from harness.cli import main
 from harness.diagnose import KEEP_IN_FP32, NEEDS_SCALING, SAFE, Subject
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS = 4
 
 
@@ -72,9 +73,11 @@ def test_pure_fp16_with_adamw_names_the_optimizer_and_with_sgd_is_safe():
         adamw.status == diagnose.OPTIMIZER_IN_FP16 and "eps 1e-8 is 0 in fp16" in adamw.reasons[0]
     )
     assert diagnose.UNSTABLE in adamw.findings  # the non-finite losses are said too
-    # The fix it names, tried: AdamW with an eps fp16 holds keeps the losses finite.
+    # The fix it names, tried: AdamW with an eps fp16 holds keeps the losses finite (its steps
+    # differ from eps 1e-8's, so it may drift: then the check says it did not hold).
     (eps,) = [c for c in adamw.fixes if "AdamW eps" in c.fix]
-    assert eps.held and diagnose.UNSTABLE not in eps.reasons, eps
+    assert eps.status != diagnose.UNSTABLE and "non-finite" not in " ".join(eps.reasons), eps
+    assert eps.held == (eps.status == SAFE)
     assert runs["sgd"].status == SAFE
 
 

@@ -15,14 +15,7 @@ from harness.train import evaluate, train
 KINDS = ("mlp", "cnn", "transformer")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Models this small gain nothing from intra-op threads, and when other processes share the
-    # cores, OpenMP's waiting threads make each step ten times slower or worse.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ the failures are real components with weights or data set the way they go wrong 
 | `exp_forward` | an `exp` inside the model's own forward, with no module of its own |
 | `tiny_grad` | a loss multiplied by 1e-6: gradients fp16 flushes to zero without scaling |
 | `bn_raw` | BatchNorm on raw inputs (std 1000): its running variance leaves fp16's range |
+| `healthy` | a small MLP nothing troubles: the control |
 | `fragile`, `mlp` | the harness's own (harness.diagnose_examples) |
 
 Each factory returns a harness.diagnose.Subject over endless batches of a synthetic task drawn
@@ -184,10 +185,17 @@ def exp_forward() -> Subject:
     return Subject(ExpForward(), _classes(), nn.functional.cross_entropy)
 
 
+def healthy() -> Subject:
+    """A small MLP on a learnable task: nothing in it troubles fp16 or bf16 (the control)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+    return Subject(model, _classes(), nn.functional.cross_entropy)
+
+
 def tiny_grad() -> Subject:
-    """The harness's MLP with its loss multiplied by 1e-6 (a summed loss over few elements,
-    late training): AdamW in fp32 does not mind, fp16 without loss scaling flushes it."""
-    made = diagnose_examples.mlp()
+    """`healthy` with its loss multiplied by 1e-6 (a summed loss over few elements, late
+    training): AdamW in fp32 does not mind, fp16 without loss scaling flushes it."""
+    made = healthy()
     return Subject(made.model, made.batches, lambda out, y: made.loss(out, y) * 1e-6)
 
 
@@ -217,10 +225,41 @@ def bn_raw() -> Subject:
     return Subject(BNRaw(), _images(), nn.functional.cross_entropy)
 
 
+def resnet18() -> Subject:
+    """torchvision's resnet18 (BatchNorm) on noisy 16x16 images of 4 classes."""
+    from torchvision.models import resnet18 as build
+
+    torch.manual_seed(0)
+    return Subject(build(num_classes=4), _colour_images(), nn.functional.cross_entropy)
+
+
+def vit() -> Subject:
+    """timm's ViT-tiny, depth 6, on 32x32 images in patches of 4."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=4, depth=6,
+        num_classes=4,
+    )  # fmt: skip
+    return Subject(model, _colour_images(32), nn.functional.cross_entropy)
+
+
+def _colour_images(size: int = 16, seed: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    prototypes = torch.randn(4, 3, size, size, generator=g)
+    while True:
+        y = torch.randint(0, 4, (16,), generator=g)
+        yield prototypes[y] + 3 * torch.randn(16, 3, size, size, generator=g), y
+
+
 fragile = diagnose_examples.fragile
 mlp = diagnose_examples.mlp
 
 # The engineered failures and the harness's models: fast enough for every CI run.
-FAST = ("mlp", "fragile", "raw_targets", "exp_forward", "tiny_grad", "bn_raw")
+FAST = ("healthy", "fragile", "raw_targets", "exp_forward", "tiny_grad", "bn_raw")
 # The architectures from transformers: the docs' table (scripts/diagnose-truth).
 TRANSFORMERS = ("gpt2", "bert", "t5", "t5_overflow", "attn_hot")
+# torchvision and timm: where they import beside this build of torch (PyPI's torchvision for a
+# CPU build of torch does not: docs/diagnose.md).
+VISION = ("resnet18", "vit")
