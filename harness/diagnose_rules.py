@@ -31,6 +31,11 @@ HORIZON = 1000
 # gradient would be lost to fp16's underflow: of the non-zero entries under AdamW (its update
 # is scale-free per entry), of the squared norm under SGD (a tiny gradient is a tiny update).
 UNDERFLOW_MAX = 0.01
+# ...unless the share stays under UNDERFLOW_SEVERE and the recipe's first gradient keeps fp32's
+# direction (cosine at least COSINE_KEPT): a BatchNorm CNN flushes 6% of its entries, all tiny,
+# and trains as fp32 does over 300 steps; a loss x1e-6 flushes 100% and learns nothing.
+UNDERFLOW_SEVERE = 0.25
+COSINE_KEPT = 0.99
 # A recipe whose first gradient (same weights, same batch as fp32's) has a cosine under this
 # with fp32's has lost the gradient's direction to precision (attention logits of 1e5 in bf16:
 # cosine 0.01, and the model never learns).
@@ -367,7 +372,7 @@ def _underflow(run: Run, recipe: recipes.Recipe, diagnosis: Diagnosis, found: di
     if recipe.scaler:
         return
     lost = diagnosis.runs[REFERENCE].underflow
-    if lost <= UNDERFLOW_MAX:
+    if lost <= UNDERFLOW_MAX or (lost <= UNDERFLOW_SEVERE and _direction_kept(run)):
         return
     share = "non-zero entries" if diagnosis.optimizer == "adamw" else "squared norm"
     found[NEEDS_SCALING] = [
@@ -375,6 +380,10 @@ def _underflow(run: Run, recipe: recipes.Recipe, diagnosis: Diagnosis, found: di
         f"(measured in fp32; {run.zero_gradients:.2%} of this run's entries were zero): use "
         "amp-fp16 (GradScaler) or amp-bf16"
     ]
+
+
+def _direction_kept(run: Run) -> bool:
+    return run.cosine is not None and math.isfinite(run.cosine) and run.cosine >= COSINE_KEPT
 
 
 def _norms(run: Run, diagnosis: Diagnosis, found: dict) -> None:
@@ -493,6 +502,9 @@ def _safe(run: Run, diagnosis: Diagnosis) -> str:
     ]
     if run.cosine is not None:
         words.append(f"first gradient's cosine with fp32's {run.cosine:.3f}")
+    lost = diagnosis.runs[REFERENCE].underflow
+    if run is not diagnosis.runs[REFERENCE] and lost > UNDERFLOW_MAX:
+        words.append(f"{lost:.2%} of the gradient flushes to zero in fp16 (its direction kept)")
     if run.skips and recipes.get(run.recipe).scaler:
         words.append(
             f"the scaler skipped {run.skipped} start-up step(s), scale {run.scale[0]:g} -> "
