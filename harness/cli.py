@@ -378,7 +378,9 @@ def _ui(args: argparse.Namespace) -> int:
         # the lock a second wait would block on.
         raise SystemExit(128 + signum)
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    # SIGHUP too: a closed terminal or a dropped ssh session ends the UI as Ctrl-C does.
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {s: signal.signal(s, stop) for s in stops}
     try:
         if _answers(f"{url}/health", server):
             runs = _runs_page(url, DEFAULT_EXPERIMENT)

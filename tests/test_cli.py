@@ -217,7 +217,10 @@ def test_sync_to_a_dead_or_hanging_server_is_one_line_without_the_password(tmp_p
             assert "amp-secret-9" not in line  # fmt: skip
 
 
-def test_ui_stopped_with_sigterm_frees_its_port_and_leaves_nothing_running(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_ui_stopped_with_sigterm_or_sighup_frees_its_port_and_leaves_nothing_running(
+    tmp_path, stop
+):  # SIGHUP: a closed terminal, a dropped ssh
     ui, port, lines = start_ui(tmp_path)  # an empty store: no runs page to print
     group = None
     try:
@@ -225,16 +228,20 @@ def test_ui_stopped_with_sigterm_frees_its_port_and_leaves_nothing_running(tmp_p
         (server,) = [pid for pid, facts in _processes().items() if facts[1] == ui.pid]
         group = _processes()[server][2]  # the server's process group: it and its worker
         assert len(_in_group(group)) >= 2
-        ui.send_signal(signal.SIGTERM)
-        ui.communicate(timeout=30)
+        ui.send_signal(stop)
+        ui.wait(timeout=30)
     finally:
         if ui.poll() is None:
             ui.kill()
+        ui.wait()
+        deadline = time.monotonic() + 15
+        while group and _in_group(group) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _in_group(group) if group else []
+        if left:  # a server left running (it holds the pipe open too): ended here, always
+            os.killpg(group, signal.SIGKILL)
         ui.communicate()  # and closes its pipe
-    deadline = time.monotonic() + 15
-    while _in_group(group) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _in_group(group) == []
+    assert left == []
     with pytest.raises(ConnectionRefusedError):  # nothing listens there any more
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     with socket.socket() as again:  # and a new UI can bind it (as servers do, past TIME_WAIT)
