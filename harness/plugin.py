@@ -34,6 +34,7 @@ from harness import (
     isolation,
     shapes,
     shown,
+    stopsignals,
     warned,
 )
 from harness.claims import catalogue, unknown_ids
@@ -322,6 +323,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # The project's own claims, beside its scenarios; a nested session restores the outer's.
     project = config.getini("amp_claims") or Path(scenarios, claims.PROJECT_FILE)
     config.add_cleanup(claims.use_project(config.rootpath / project))
+    config.add_cleanup(stopsignals.as_ctrl_c())  # SIGTERM, SIGHUP: as Ctrl-C
     try:
         device = devices.resolve(config.getoption("amp_device"))
         catalogue()  # a malformed catalogue stops the session here, with its file and field
@@ -760,6 +762,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if state.current is not None:  # Ctrl-C (or a fatal error) stopped this test midway
         record, state.current = state.current, None
         record.outcome, record.message = "interrupted", f"session ended: {session.exitstatus!r}"
+        if stopsignals.received:  # SIGTERM, SIGHUP: taken as Ctrl-C
+            record.message += f" (stopped by {stopsignals.received})"
         record.ended = time.time()
         state.finish(record)
     if state.shared:
