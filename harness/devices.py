@@ -133,6 +133,31 @@ def _probe_fp8_matmul(device: str) -> Probe:
     )
 
 
+def _probe_gloo(device: str) -> Probe:
+    """The distributed scenarios rehearse on gloo ranks on the CPU, whatever the session's
+    device: gloo is part of every Linux, macOS and Windows wheel torch publishes."""
+    import torch.distributed as dist
+
+    works = dist.is_available() and dist.is_gloo_available()
+    return Probe(
+        works, f"torch.distributed.is_available() and is_gloo_available() answered {works}"
+    )
+
+
+def _probe_fsdp2(device: str) -> Probe:
+    """FSDP2's public names, imported as a rank imports them. Whether it then runs on this
+    device's ranks is for the experiment to show: a rank reports its own probe and the scenario
+    judges it here (`DeviceInfo.optional(need, seen)`), by the same table."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: F401
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler  # noqa: F401
+    except ImportError as exc:
+        return Probe(False, f"importing FSDP2's public names raised ImportError: {exc}")
+    return Probe(
+        True, "torch.distributed.fsdp has fully_shard, MixedPrecisionPolicy, ShardedGradScaler"
+    )
+
+
 PROBES = {
     "fp16_autocast": lambda device: _probe_autocast(device, torch.float16),
     "bf16_autocast": lambda device: _probe_autocast(device, torch.bfloat16),
@@ -140,6 +165,8 @@ PROBES = {
     "half_training": _probe_half_training,
     "tf32": _probe_tf32,
     "fp8_matmul": _probe_fp8_matmul,
+    "gloo": _probe_gloo,
+    "fsdp2": _probe_fsdp2,
 }
 
 CAPABILITY_TEXT = {
@@ -150,6 +177,8 @@ CAPABILITY_TEXT = {
     "half_training": "float16 kernels to train a .half() model (linear, batch and layer norm)",
     "tf32": "TF32 tensor cores (an NVIDIA GPU of compute capability 8.0 or newer)",
     "fp8_matmul": "an fp8 matmul (torch._scaled_mm on float8_e4m3fn, compute capability 8.9+)",
+    "gloo": "torch.distributed with gloo (the CPU ranks of the distributed scenarios)",
+    "fsdp2": "FSDP2 (fully_shard, MixedPrecisionPolicy, ShardedGradScaler) on gloo CPU ranks",
 }
 
 
@@ -174,6 +203,16 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("cpu", "half_training"): Expected(
         source="torch 2.4 ships float16 CPU kernels for linear, batch_norm and layer_norm"
     ),
+    ("cpu", "gloo"): Expected(source="every torch wheel for Linux, macOS and Windows has gloo"),
+    ("cpu", "fsdp2"): Expected(
+        (2, 7),
+        source="FSDP2 runs on gloo CPU ranks from torch 2.7 (2.6 made fully_shard public, but "
+        "its all-gather needs Stream.record_event, which 2.6's CPU stream lacks: measured "
+        "AttributeError on 2.6.0; it runs on 2.7.1, 2.9.1, 2.13.0 and 2.14.1)",
+    ),
+    ("cuda", "gloo"): Expected(source="every torch wheel for Linux and Windows has gloo"),
+    # The FSDP2 rehearsal runs on CPU ranks whatever the session's device: from 2.7, as there.
+    ("cuda", "fsdp2"): Expected((2, 7), source="FSDP2 runs on gloo CPU ranks from torch 2.7"),
     ("cuda", "fp16_autocast"): Expected(source="float16 is CUDA autocast's default dtype"),
     ("cuda", "grad_scaler"): Expected(source="torch.amp.GradScaler was made for CUDA"),
     ("cuda", "half_training"): Expected(source="every CUDA GPU torch supports has fp16 kernels"),
@@ -246,10 +285,12 @@ class DeviceInfo:
             return Lack("gpus", f"needs {gpus} CUDA GPUs, found {self.gpu_count}")
         return None
 
-    def optional(self, need: str) -> Lack | None:
+    def optional(self, need: str, seen: Probe | None = None) -> Lack | None:
         """For a capability a test uses only where present (test_speed's fp8 arm): None when
-        present, why not when genuinely absent; raises CapabilityRegression when expected here."""
-        lack = self.missing(need)
+        present, why not when genuinely absent; raises CapabilityRegression when expected here.
+        `seen`: what a probe run elsewhere saw (inside spawned ranks), judged by the same table:
+        a capability lost there must not pass for one missing."""
+        lack = self._lack(need, seen) if seen else self.missing(need)
         if lack and lack.regression:
             raise CapabilityRegression(lack)
         return lack
@@ -272,8 +313,8 @@ class DeviceInfo:
             )
         return Lack("cuda", _no_cuda_reason())
 
-    def _lack(self, need: str) -> Lack | None:
-        seen = self.capabilities.get(need)
+    def _lack(self, need: str, seen: Probe | None = None) -> Lack | None:
+        seen = seen or self.capabilities.get(need)
         if seen is not None and seen.works:
             return None
         text = CAPABILITY_TEXT[need]

@@ -37,11 +37,10 @@ from harness import devices, releases
 from harness.distributed import RankContext, run_ranks
 
 WORLD_SIZES = (2, 4)
-# FSDP2 runs on CPU (gloo) ranks from torch 2.7. 2.6 made `fully_shard` public, but its
-# all-gather asks the CPU's torch.Stream for `record_event`, which 2.6 lacks (measured:
-# AttributeError on 2.6.0; the rehearsal runs on 2.7.1, 2.9.1, 2.13.0 and 2.14.1). Before 2.7
-# the rehearsal is a skip with that reason; from 2.7 on, an FSDP2 that fails is a failure.
-FSDP2_ON_CPU_SINCE = (2, 7)
+# FSDP2 runs on CPU (gloo) ranks from the release harness.devices.EXPECTED names (2.7): before
+# it the rehearsal is a skip with that reason; from it on, FSDP2 missing in the ranks is a
+# capability regression and one that fails is a failure.
+FSDP2_ON_CPU = devices.EXPECTED[("cpu", "fsdp2")]
 SIGNATURE_STEP = 2.0**-20  # fp32 keeps 1 + k * 2**-20; fp16 (10 mantissa bits) rounds it to 1
 FP16_SUBNORMAL = 2.0**-24  # the fp16 hook's candidates are multiples of it: cast exactly
 CANDIDATES = range(1, 9)  # k * 2**-24, k = 1..8, on every rank
@@ -220,19 +219,14 @@ def fsdp2_inf_shard(ctx: RankContext) -> dict:
     of each parameter, computes in fp16, and reduces gradients in fp32 into fp32 shards. A clean
     step steps every rank (the control); then an inf in rank 1's shard alone must stop every
     rank's step, as ShardedGradScaler all-reduces its found-inf flag."""
-    try:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-    except ImportError:  # torch < 2.6 has FSDP2 only as a private module
-        return {
-            "absent": f"torch {torch.__version__} has no public FSDP2 (torch.distributed.fsdp "
-            "has fully_shard and MixedPrecisionPolicy from 2.6)"
-        }
-    if ctx.device.type == "cpu" and releases.release() < FSDP2_ON_CPU_SINCE:
-        return {
-            "absent": f"torch {torch.__version__}'s FSDP2 does not run on CPU ranks (from 2.7: "
-            "its all-gather needs Stream.record_event, which the CPU stream lacks before)"
-        }
+    seen = devices.PROBES["fsdp2"](ctx.device.type)  # in this rank: what its torch has
+    if not seen.works:  # the test judges it by the capability table: a skip or a regression
+        return {"absent": seen.saw}
+    if ctx.device.type == "cpu" and releases.release() < FSDP2_ON_CPU.torch:
+        return {"absent": f"torch {torch.__version__}'s FSDP2 does not run on CPU ranks"}
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).to(ctx.device)
     policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
@@ -277,6 +271,7 @@ def _per_rank(record, name: str, values: list) -> None:
 
 
 @pytest.mark.claim("PIT3-FP16-SYNC")
+@pytest.mark.requires("gloo")
 def test_default_ddp_reduces_in_the_gradient_dtype(ranks, record):
     world = len(ranks)
     runs = {name: [r["comm_dtype"][name] for r in ranks] for name in ranks[0]["comm_dtype"]}
@@ -380,6 +375,7 @@ class _ZeroRank:
 
 
 @pytest.mark.claim("PIT3-ZERO-ALL")
+@pytest.mark.requires("gloo")
 def test_a_rank_of_zero_gradients_adds_zero(ranks, record):
     zero = _ZeroRank.of(ranks)
     _per_rank(record, "synced_grad", [g[0] for g in zero.synced])
@@ -392,7 +388,7 @@ def test_a_rank_of_zero_gradients_adds_zero(ranks, record):
 
 
 @pytest.mark.claim("PIT3-CHECK-BEFORE-STEP")
-@pytest.mark.requires("grad_scaler")
+@pytest.mark.requires("grad_scaler", "gloo")
 def test_an_inf_on_one_rank_is_skipped_by_every_scaler(ranks, record, amp_device):
     world = len(ranks)
     scaled = [r["inf_rank"]["scaler"] for r in ranks]
@@ -424,12 +420,15 @@ def test_an_inf_on_one_rank_is_skipped_by_every_scaler(ranks, record, amp_device
 
 
 @pytest.mark.claim("PIT3-CHECK-BEFORE-STEP")
-@pytest.mark.requires("grad_scaler")
+@pytest.mark.requires("grad_scaler", "gloo", "fsdp2")
 def test_fsdp2_shards_skip_together(ranks, record):
     """The FSDP part of the 2-GPU test, on gloo ranks: it runs on every CPU runner."""
     fsdp = [r["fsdp2"] for r in ranks]
     if "absent" in fsdp[0]:
-        pytest.skip(fsdp[0]["absent"])
+        # What the ranks saw, judged as the plugin judges `requires`: a genuine absence skips,
+        # FSDP2 lost where the table expects it raises CapabilityRegression (a failure).
+        lack = devices.probe("cpu").optional("fsdp2", devices.Probe(False, fsdp[0]["absent"]))
+        pytest.skip(lack.reason)
     errors = [f"rank {rank}: {f['error']}" for rank, f in enumerate(fsdp) if "error" in f]
     assert not errors, f"PIT3-CHECK-BEFORE-STEP: FSDP2 fully_shard failed: {'; '.join(errors)}"
     world = len(fsdp)
@@ -482,6 +481,7 @@ def _fp16_hook_prediction(world: int) -> list[float]:
 
 
 @pytest.mark.claim("PIT3-FP16-SYNC")
+@pytest.mark.requires("gloo")
 def test_only_the_fp16_hook_flushes_small_gradients(ranks, record):
     world = len(ranks)
     threshold = 2.0**-25 * world

@@ -5,6 +5,7 @@ assertion naming its claim."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -100,3 +101,28 @@ def test_a_broken_fsdp2_fails_its_test_alone(run_scenario, monkeypatch):
     result = run_scenario(MODULE, "-k", "world2")
     assert_fails_naming(result, "PIT3-CHECK-BEFORE-STEP", passed=4)  # the other experiments
     result.stdout.fnmatch_lines(["*FSDP2 fully_shard failed: rank 0: AttributeError*record_event*"])
+
+
+def fsdp2_without_its_names() -> None:
+    """A rank fault: FSDP2's public names gone from the ranks' torch, as an install that lost
+    them would be. The test process keeps them, so only the ranks' own probe can tell."""
+    from torch.distributed import fsdp
+    from torch.distributed.fsdp import sharded_grad_scaler
+
+    del fsdp.fully_shard, fsdp.MixedPrecisionPolicy
+    del sharded_grad_scaler.ShardedGradScaler
+
+
+def test_fsdp2_lost_in_the_ranks_is_a_capability_regression(run_scenario, monkeypatch, pytester):
+    # On a torch the table expects FSDP2 on CPU ranks (2.7 on), missing names are a failure
+    # recorded as a capability regression, never a skip whose "decided beats skipped" verdict
+    # would leave PIT3-CHECK-BEFORE-STEP standing on the other tests.
+    monkeypatch.setenv(SETUP_ENV, f"{__name__}:fsdp2_without_its_names")
+    result = run_scenario(MODULE, "-k", "fsdp2 and world2")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*CapabilityRegression: capability regression: FSDP2*expected on cpu*ImportError*"]
+    )
+    lines = (pytester.path / "reports" / "journal.jsonl").read_text().splitlines()
+    (record,) = [e["record"] for e in map(json.loads, lines) if e["type"] == "record"]
+    assert record["outcome"] == "capability-regression", record
