@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import io
 import json
 
 import pytest
 import torch
+from conftest import REPO
 
-from harness import devices
+from harness import devices, releases
 from harness.devices import DeviceInfo, Probe
 
 
@@ -152,11 +154,15 @@ def test_a_capability_that_works_is_never_missing():
 
 
 def test_a_torch_older_than_the_feature_skips_naming_both_releases(monkeypatch):
-    monkeypatch.setattr(torch, "__version__", "2.4.1+cpu")
-    cpu = DeviceInfo("cpu", "cpu", 0, None, {"fp16_autocast": Probe(False, "it warned")})
-    lack = cpu.missing("fp16_autocast")
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cpu")
+    cpu = DeviceInfo("cpu", "cpu", 0, None, {"fsdp2": Probe(False, "AttributeError")})
+    lack = cpu.missing("fsdp2")
     assert not lack.regression
-    assert "not in torch 2.4.1+cpu, expected from torch 2.5" in lack.reason
+    assert "not in torch 2.6.0+cpu, expected from torch 2.7" in lack.reason
+    # CPU fp16 autocast worked on 2.4.1 (its baseline): broken there, it is a regression.
+    monkeypatch.setattr(torch, "__version__", "2.4.1+cpu")
+    broken = DeviceInfo("cpu", "cpu", 0, None, {"fp16_autocast": Probe(False, "it warned")})
+    assert broken.missing("fp16_autocast").regression
 
 
 def test_tf32_is_never_expected_of_the_cpu():
@@ -336,3 +342,81 @@ def test_the_fingerprint_records_the_reduced_precision_switches(monkeypatch):
     assert after["precision.float32_matmul_precision"] == "medium"
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
         assert after["precision.cuda.matmul.fp32_precision"] == str(matmul.fp32_precision)
+
+
+# --- the table against what the committed baselines measured ------------------------------------
+
+BASELINES = sorted((REPO / "reports" / "baselines").glob("*.json"))
+
+
+class _Requires:
+    """A pytest plugin noting each collected scenario test's `requires` capabilities, marks of
+    a `pytest.param` included, by its baseline name ("scenarios/FILE::TEST[ID]")."""
+
+    def __init__(self) -> None:
+        self.needs: dict[str, set[str]] = {}
+
+    def pytest_collection_modifyitems(self, items) -> None:
+        for item in items:
+            needs = {n for marker in item.iter_markers("requires") for n in marker.args}
+            self.needs[f"scenarios/{item.path.name}::{item.name}"] = needs
+
+
+@pytest.fixture(scope="module")
+def scenario_needs(tmp_path_factory) -> dict[str, set[str]]:
+    reader = _Requires()
+    reports = tmp_path_factory.mktemp("reports")
+    with contextlib.redirect_stdout(io.StringIO()):  # pytest's collection chatter
+        code = pytest.main(
+            [str(REPO / "scenarios"), "--collect-only", "-q", "-p", "no:cacheprovider",
+             "--no-mlflow", "--amp-device=cpu", f"--amp-reports={reports}"],
+            plugins=[reader],
+        )  # fmt: skip
+    assert code == 0 and reader.needs
+    return reader.needs
+
+
+def _cc(text: str) -> tuple[int, int] | None:
+    return None if text == "n/a" else tuple(int(part) for part in text.split(".")[:2])
+
+
+def claimed_less_than_measured(baseline: dict, needs: dict[str, set[str]]) -> list[str]:
+    """Each capability a passing test of `baseline` needed (so its probe saw it work on that
+    release and device) that EXPECTED does not expect there: the table claims less than was
+    measured, and a broken capability there would skip instead of failing."""
+    fingerprint = baseline["fingerprint"]
+    device, version = fingerprint["device"], fingerprint["torch"]
+    release, cc = releases.release(version), _cc(fingerprint["compute_capability"])
+    wrong = []
+    for test, entry in baseline["tests"].items():
+        if entry["outcome"] != "passed":
+            continue
+        for need in sorted(needs.get(test, set()) - {"cuda"}):
+            expected = devices.EXPECTED.get((device, need))
+            if expected is None:
+                wrong.append(f"{need} worked on {device} torch {version} ({test}): not expected")
+            elif release < expected.torch or (expected.cc and cc and cc < expected.cc):
+                wrong.append(
+                    f"{need} worked on {device} torch {version} ({test}), expected only from "
+                    f"torch {expected.torch}" + (f", sm {expected.cc}" if expected.cc else "")
+                )
+    return wrong
+
+
+@pytest.mark.parametrize("path", BASELINES, ids=[p.stem for p in BASELINES])
+def test_the_table_expects_what_every_baseline_measured(path, scenario_needs):
+    baseline = json.loads(path.read_text())
+    unknown = set(baseline["tests"]) - set(scenario_needs)  # a renamed test would go unchecked
+    assert not unknown, f"{path.name}: tests no scenario has now: {sorted(unknown)}"
+    assert not claimed_less_than_measured(baseline, scenario_needs)
+
+
+def test_a_table_claiming_less_than_a_baseline_is_caught(scenario_needs, monkeypatch):
+    """The control of the check above: a row moved past the oldest release a baseline shows it
+    working on is reported, naming the capability and the release."""
+    (oldest,) = [p for p in BASELINES if "torch-2.4.1" in p.name]
+    baseline = json.loads(oldest.read_text())
+    late = devices.Expected((2, 9), source="a made-up late row")
+    monkeypatch.setitem(devices.EXPECTED, ("cpu", "grad_scaler"), late)
+    found = claimed_less_than_measured(baseline, scenario_needs)
+    assert found and all("grad_scaler worked on cpu torch 2.4.1" in line for line in found)
