@@ -24,6 +24,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def end_with_parent(parent: int):
+    """For Popen's preexec_fn: the child gets SIGTERM when this process ends, however it ends
+    (kill -9 included, which no handler or finalizer sees). Linux's parent-death signal; it
+    holds across exec. `mlflow server` ends its workers on SIGTERM."""
+
+    def arm() -> None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm if sys.platform == "linux" else None
+
+
 class MlflowServer:
     """A real `mlflow server` on loopback in its own process group; SQLite backend by default."""
 
@@ -44,6 +60,7 @@ class MlflowServer:
                  "--artifacts-destination", self.artifacts.as_uri()],
                 cwd=self.folder, start_new_session=True, stdout=log, stderr=log,
                 env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+                preexec_fn=end_with_parent(os.getpid()),
             )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.process.poll() is None:
