@@ -46,7 +46,7 @@ import pytest
 
 from harness import filenames, shapes
 from harness.claims import PROJECT_FILE, Claim, add_project_claim, unknown_ids, use_project
-from harness.controls import Controls, call_name, walk
+from harness.controls import Controls, call_name, cannot_fail, walk
 from harness.errors import HarnessError
 
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "scenario.py.tmpl"
@@ -458,6 +458,16 @@ def _check_module(
                 "format it from the values measured, e.g. f\"scale {before:g} -> {after:g}\", "
                 "and record them with record.metric",
             )  # fmt: skip
+        for node in (n for h in helpers for n in walk(h) if isinstance(n, ast.Assert)):
+            why = cannot_fail(node.test)
+            if why and id(node) not in reported:  # a helper's, reached by several tests: once
+                reported.add(id(node))
+                yield Problem(
+                    path, node.lineno, test.name,
+                    f"an assertion that cannot fail ({why}): `{ast.unparse(node.test)}`",
+                    "assert what the experiment predicts, so that the assertion fails when the "
+                    "behaviour it checks breaks",
+                )  # fmt: skip
         controls = module.controls.find(helpers)
         if not controls:
             yield Problem(

@@ -267,7 +267,7 @@ class _Flow:
     def asserts(self, tainted: set[str], sources: _Names, asserting: _Names) -> bool:
         for node in walk(self.root):
             if isinstance(node, ast.Assert):
-                used = _uses(node.test, tainted, sources)
+                used = not cannot_fail(node.test) and _uses(node.test, tainted, sources)
             elif isinstance(node, ast.With | ast.AsyncWith) and _asserting_block(node):
                 used = _uses(node, tainted, sources)
             elif isinstance(node, ast.Call) and (
@@ -387,7 +387,7 @@ def _calls(root: ast.AST, names: _Names) -> bool:
 
 def _has_assertion(root: ast.AST) -> bool:
     return any(
-        isinstance(n, ast.Assert)
+        (isinstance(n, ast.Assert) and not cannot_fail(n.test))
         or (isinstance(n, ast.With | ast.AsyncWith) and _asserting_block(n))
         or (isinstance(n, ast.Call) and call_name(n).startswith("assert"))
         or (isinstance(n, ast.Call) and call_name(n) == "fail")
@@ -419,6 +419,42 @@ def _blocks(node: ast.AST) -> list[list[ast.stmt]]:
         for _, value in ast.iter_fields(node)
         if isinstance(value, list) and value and isinstance(value[0], ast.stmt)
     ]
+
+
+# --- assertions that cannot fail ------------------------------------------------------------------
+
+_ALWAYS = (ast.Eq, ast.Is, ast.LtE, ast.GtE)  # x OP x holds for any x (NaN aside)
+_NEVER_NEGATIVE = {"len", "abs"}  # len(x) >= 0, abs(x) >= 0 hold for any x
+
+
+def cannot_fail(test: ast.expr) -> str | None:
+    """Why an `assert test` holds whatever was measured, or None: a true constant, a value
+    compared with itself (`x == x`), `len(x) >= 0`, or an `or` with such a part. Such an
+    assertion asserts nothing: it never counts as checking a control, and validate reports it."""
+    if isinstance(test, ast.Constant):
+        return "a constant" if test.value else None
+    if isinstance(test, ast.BoolOp):
+        parts = [cannot_fail(v) for v in test.values]
+        holds = any(parts) if isinstance(test.op, ast.Or) else all(parts)
+        return next(p for p in parts if p) if holds else None
+    if not isinstance(test, ast.Compare) or len(test.ops) != 1:
+        return None
+    (op,), left, (right,) = test.ops, test.left, test.comparators
+    if isinstance(op, _ALWAYS) and ast.dump(left) == ast.dump(right):
+        return "a value compared with itself"
+    # len(x) >= 0, len(x) > -1, 0 <= len(x)
+    if isinstance(op, ast.Lt | ast.LtE):
+        op, left, right = (ast.Gt() if isinstance(op, ast.Lt) else ast.GtE()), right, left
+    bound = right.value if isinstance(right, ast.Constant) else None
+    if isinstance(right, ast.UnaryOp) and isinstance(right.operand, ast.Constant):
+        bound = -right.operand.value if isinstance(right.op, ast.USub) else None
+    if (
+        call_name(left) in _NEVER_NEGATIVE
+        and isinstance(bound, int | float)
+        and (bound < 0 or (bound == 0 and isinstance(op, ast.GtE)))
+    ):
+        return f"{call_name(left)}(...) is never negative"
+    return None
 
 
 # --- AST walkers, shared with contract.py ---------------------------------------------------------

@@ -3,6 +3,7 @@ each breach of the contract is one line naming the file, the line, the test and 
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import subprocess
@@ -591,3 +592,56 @@ def test_a_module_that_cannot_be_collected_says_why(tmp_path):
         problem
     )
     assert "no_such_module_here" in problem and "Fix: run `pytest --collect-only" in problem
+
+
+# --- a control that cannot fail is no control --------------------------------------------------
+
+CANNOT_FAIL = [
+    # (file, the control's assertion as written, the one that cannot fail)
+    ("test_formats.py", "assert b16 == (8, 7) and b16 != f16,", "assert len(b16) >= 0,"),
+    (
+        "test_formats.py",
+        "assert torch.allclose(scaled, torch.full_like(scaled, 2e-8), rtol=1e-2), (",
+        "assert scaled == scaled, (",
+    ),
+]
+
+
+def test_a_control_asserted_only_by_what_cannot_fail_is_reported(tmp_path):
+    """The issue's case: two negative-control asserts of a real scenario replaced by ones that
+    cannot fail (`len(x) >= 0`, `x == x`). Each is reported, and the control it stood for counts
+    as never asserted. The real file is the control of this test: no problem."""
+    source = (REPO / "scenarios" / "test_formats.py").read_text()
+    assert problems(scenarios(tmp_path, test_formats=source)) == []
+    for _, real, hollow in CANNOT_FAIL:
+        assert source.count(real) == 1, real
+        source = source.replace(real, hollow)
+    found = problems(scenarios(tmp_path, test_formats=source))
+    assert any("cannot fail (len(...) is never negative): `len(b16) >= 0`" in p for p in found)
+    assert any("cannot fail (a value compared with itself): `scaled == scaled`" in p for p in found)
+    unasserted = [p for p in found if "negative control computed but never asserted" in p]
+    for test in ("test_exponent_and_mantissa_bits_are_measured", "test_underflow_edge_and_a"):
+        assert any(test in p for p in unasserted), (test, found)
+
+
+@pytest.mark.parametrize(
+    ("test", "why"),
+    [
+        ("True", "a constant"),
+        ("x == x", "a value compared with itself"),
+        ("f(a)[0] >= f(a)[0]", "a value compared with itself"),
+        ("len(x) >= 0", "len(...) is never negative"),
+        ("0 <= len(x)", "len(...) is never negative"),
+        ("abs(x) > -1", "abs(...) is never negative"),
+        ("x > 1 or len(x) >= 0", "len(...) is never negative"),
+        ("x == y", None),
+        ("len(x) > 0", None),
+        ("len(x) >= 1", None),
+        ("x > 1 or y", None),
+        ("x == x and y", None),
+    ],
+)
+def test_what_cannot_fail(test, why):
+    from harness.controls import cannot_fail
+
+    assert cannot_fail(ast.parse(test, mode="eval").body) == why
