@@ -618,6 +618,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             f"{item.nodeid} declares {', '.join(record.claims)} but recorded no verdict for "
             f"{', '.join(record.missing_verdicts())}: call record.verdict(claim, verdict, evidence)"
         )
+    elif call.when == "call" and report.passed and _self_skipped(record):
+        # A skip decided inside a passing test escapes the capability table (a capability
+        # expected here and lost would pass for one missing): skips go through pytest.skip,
+        # requires() or DeviceInfo.optional, where the table judges them.
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} passed but recorded 'skipped' for {', '.join(_self_skipped(record))}: "
+            "a verdict of a passing test is decided; to skip, use @pytest.mark.requires, "
+            "DeviceInfo.optional or pytest.skip with the reason"
+        )
     if report.failed:
         # Name the claims on every failure, with what was measured before it.
         decided = [f"{v.claim}: {v.verdict} ({v.evidence})" for v in record.verdicts.values()]
@@ -637,6 +647,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             hook.pytest_report_to_serializable(config=item.config, report=report)
         )
     return report
+
+
+def _self_skipped(record: Record) -> list[str]:
+    return [v.claim for v in record.verdicts.values() if v.verdict == "skipped"]
 
 
 def _finish(item: pytest.Item, record: Record) -> None:

@@ -85,6 +85,21 @@ def test_a_passing_test_without_its_verdict_fails_naming_the_claim(pytester):
     result.stdout.fnmatch_lines(["*declares FMT-BYTES but recorded no verdict for FMT-BYTES*"])
 
 
+def test_a_passing_test_that_records_skipped_fails(pytester):
+    """A skip decided inside a passing test would bypass the capability table (a capability
+    lost where it is expected would pass for one missing): the test fails, naming the claim.
+    The control: the same verdict from a test that really skips is its skip reason."""
+    source = GOOD.replace(
+        '"confirmed", "fp16 2 bytes, fp32 4 bytes"', '"skipped", "no fp16 on this device"'
+    )
+    result = run(pytester, source)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*passed but recorded 'skipped' for FMT-BYTES*requires*"])
+    skip = '    pytest.skip("no fp16 here")\n'
+    skipping = source.replace("    record.metric(", skip + "    record.metric(")
+    run(pytester, skipping).assert_outcomes(skipped=1)
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
