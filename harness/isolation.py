@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness import stopsignals
 from harness.record import Record
 
 TAIL_LINES = 15
@@ -83,6 +84,8 @@ def run(
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # Killed with the session, even by kill -9 (its own group spares it otherwise).
+                preexec_fn=stopsignals.end_with_parent(os.getpid(), signal.SIGKILL),
             )
             try:
                 code = process.wait(timeout=timeout_s)

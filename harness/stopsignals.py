@@ -10,7 +10,9 @@ signal), and harness.isolation ends the worker and removes its folder.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 
@@ -47,3 +49,20 @@ def _stop(signum: int, _frame) -> None:
     for s in SIGNALS:
         signal.signal(s, signal.SIG_DFL)
     raise Stopped(received)
+
+
+def end_with_parent(parent: int, signum: int = signal.SIGTERM):
+    """For Popen's preexec_fn: the child gets `signum` when the process `parent` (the one
+    starting it) ends, however it ends: kill -9 included, which no handler sees. Linux's
+    parent-death signal, kept across exec; None (nothing to arm) elsewhere."""
+    if sys.platform != "linux":
+        return None
+
+    def arm() -> None:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signum)
+
+    return arm

@@ -17,27 +17,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+from harness.stopsignals import end_with_parent
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def end_with_parent(parent: int):
-    """For Popen's preexec_fn: the child gets SIGTERM when this process ends, however it ends
-    (kill -9 included, which no handler or finalizer sees). Linux's parent-death signal; it
-    holds across exec. `mlflow server` ends its workers on SIGTERM."""
-
-    def arm() -> None:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm if sys.platform == "linux" else None
 
 
 class MlflowServer:
