@@ -527,12 +527,24 @@ def _norm_dtypes(recipe: str, amp_device) -> tuple[dict[str, torch.dtype], nn.Ba
 
 # rms_norm joined CUDA autocast's fp32 list in torch 2.12 (pytorch/pytorch#174824: `_(rms_norm)`
 # in AT_FORALL_FP32, aten/src/ATen/autocast_mode.h); the CPU lists hold no norm. Its dtype is
-# recorded on every run, so that the ledger shows the change across releases. It is asserted on
-# the CPU, where the releases measured differ too (RMS_NORM_OUTPUT: float32 before 2.7, float16
-# since); on CUDA the change has been read about, not yet measured on both sides (a GPU run of
-# 2.11 and of 2.12+ would make it an entry of harness.releases, and a prediction).
+# recorded on every run, so that the ledger shows the change across releases, and asserted on
+# every device (_rms_norm_predicted). On CUDA the change has been read about, not yet measured
+# on both sides: a GPU run that disagrees is the measurement that makes it an entry of
+# harness.releases.
 _RMS_NORM_CUDA_FP32_SINCE = "2.12"
 RMS_NORM_OUTPUT = "rms-norm-mixed-dtype-output"
+
+
+def _rms_norm_predicted(device: str, version: str | None = None) -> torch.dtype:
+    """nn.RMSNorm's output dtype under fp16 autocast (fp32 weight, fp16 input). On CUDA from
+    2.12 it is on autocast's fp32 list: float32. Where no list holds it (the CPU; CUDA before
+    2.12) the mixed-dtype product with the weight decides, as the CPU releases measured
+    (RMS_NORM_OUTPUT: float32 before 2.7, float16 since)."""
+    if device == "cuda" and releases.release(version) >= releases.release(
+        _RMS_NORM_CUDA_FP32_SINCE
+    ):
+        return F32
+    return F32 if releases.behaviour(RMS_NORM_OUTPUT, "cpu", version) == releases.BEFORE else F16
 
 
 def _rms_norm_dtype(amp_device) -> tuple[torch.dtype, list[str]]:
@@ -601,26 +613,31 @@ def test_norms_under_fp16_autocast(record, amp_device):
         f"AMP-NORM-FP32: predicted float16 running_var in a .half() BatchNorm, got "
         f"{half_bn.running_var.dtype}"
     )
-    if amp_device.type == "cpu":
-        side = releases.behaviour(RMS_NORM_OUTPUT, "cpu")
-        predicted_rms = F32 if side == releases.BEFORE else F16
-        assert rms == predicted_rms, (
-            f"AMP-NORM-FP32: predicted a {_short(predicted_rms)} nn.RMSNorm output on the CPU "
-            f"(fp32 weight, fp16 input; no norm is on CPU autocast's lists), got {_short(rms)} "
-            f"({releases.describe(RMS_NORM_OUTPUT, 'cpu')})"
-        )
+    predicted_rms = _rms_norm_predicted(amp_device.type)
+    assert rms == predicted_rms, (
+        f"AMP-NORM-FP32: predicted a {_short(predicted_rms)} nn.RMSNorm output on "
+        f"{amp_device.type} (fp32 weight, fp16 input; on CUDA's fp32 list from torch "
+        f"{_RMS_NORM_CUDA_FP32_SINCE}, on no CPU list), got {_short(rms)} "
+        f"({releases.describe(RMS_NORM_OUTPUT, 'cpu')})"
+    )
 
 
 # --- the article's API ---------------------------------------------------------------------
 
 
-def _warnings_of(make) -> tuple[object, list[warnings.WarningMessage]]:
-    """Call `make` and return what it made and every warning it emitted, none turned into an
-    error (the project runs with warnings as errors)."""
+_HEARD = "amp-harness: a FutureWarning the capture must hear"
+
+
+def _warnings_of(make) -> tuple[object, list[warnings.WarningMessage], bool]:
+    """Call `make` and return what it made, every warning it emitted (none turned into an
+    error: the project runs with warnings as errors), and whether the same capture heard a
+    FutureWarning of our own: "no warning" counts only from a capture that hears one."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         made = make()
-    return made, caught
+        warnings.warn(_HEARD, FutureWarning, stacklevel=1)
+    heard = any(str(w.message) == _HEARD for w in caught)
+    return made, [w for w in caught if str(w.message) != _HEARD], heard
 
 
 def _future(caught: list[warnings.WarningMessage]) -> list[str]:
@@ -643,11 +660,11 @@ def _article_api():
 def test_article_api_is_deprecated(record, amp_device):
     device = amp_device.type
     cuda = torch.cuda.is_available()
-    # Negative control: the current API, device named.
-    _, new_autocast = _warnings_of(lambda: _enter(torch.autocast(device_type=device)))
-    new_scaler, new_scaler_warnings = _warnings_of(lambda: torch.amp.GradScaler(device))
+    # Negative control: the current API, device named, in a capture that hears warnings.
+    _, new_autocast, heard = _warnings_of(lambda: _enter(torch.autocast(device_type=device)))
+    new_scaler, new_scaler_warnings, heard_too = _warnings_of(lambda: torch.amp.GradScaler(device))
     # The footgun: no device given means "cuda", silently disabled where there is none.
-    default_scaler, _ = _warnings_of(lambda: torch.amp.GradScaler())
+    default_scaler, _, _ = _warnings_of(lambda: torch.amp.GradScaler())
     new_future = _future(new_autocast) + _future(new_scaler_warnings)
     enabled = {"amp_no_device": default_scaler.is_enabled(), "amp_device": new_scaler.is_enabled()}
     current = (
@@ -667,8 +684,8 @@ def test_article_api_is_deprecated(record, amp_device):
         )
     else:
         # The article's imports.
-        _, old_autocast = _warnings_of(lambda: _enter(article.autocast()))
-        old_scaler, old_scaler_warnings = _warnings_of(lambda: article.GradScaler())
+        _, old_autocast, _ = _warnings_of(lambda: _enter(article.autocast()))
+        old_scaler, old_scaler_warnings, _ = _warnings_of(lambda: article.GradScaler())
         old_future = _future(old_autocast) + _future(old_scaler_warnings)
         enabled["cuda_amp_no_device"] = old_scaler.is_enabled()
         verdict = "partly" if old_future else "confirmed"
@@ -689,13 +706,21 @@ def test_article_api_is_deprecated(record, amp_device):
     )
     record.verdict("API-DEPRECATED", verdict, evidence)
 
-    assert not new_future, f"API-DEPRECATED: predicted none from the current API, got {new_future}"
+    assert heard and heard_too and not new_future, (
+        f"API-DEPRECATED: predicted no FutureWarning from the current API, in a capture that "
+        f"hears one (heard ours: {heard and heard_too}), got {new_future}"
+    )
     assert enabled["amp_no_device"] == cuda, (
         f"API-DEPRECATED: predicted the device-less torch.amp.GradScaler() enabled exactly when "
         f"CUDA is available ({cuda}), got {enabled}"
     )
-    if article is None:
-        return  # removed, as announced: the verdict says so; nothing of it is left to check
+    # A removal is a change across releases like any other: predicted nowhere yet, it fails
+    # here (the verdict above stands), to be measured and entered in harness.releases.
+    assert article is not None, (
+        f"API-DEPRECATED: predicted the article's torch.cuda.amp.autocast and GradScaler "
+        f"present and deprecated (measured on torch 2.4.1 to 2.14.1); torch {torch.__version__} "
+        f"removed them: record the release in harness.releases and predict per release"
+    )
     assert len(old_future) == 2, (
         f"API-DEPRECATED: predicted a FutureWarning from each of torch.cuda.amp.autocast and "
         f"GradScaler (torch >= 2.4), got {old_future}"

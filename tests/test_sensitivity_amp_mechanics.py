@@ -6,11 +6,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_fails_naming, predict_as_before_every_change, promote_layer_norm
+from conftest import (
+    assert_fails_naming,
+    load_scenario,
+    predict_as_before_every_change,
+    promote_layer_norm,
+)
 
 MODULE = "test_amp_mechanics.py"
 
@@ -141,15 +147,63 @@ def test_rms_norm_predicted_as_before_torch_2_7_fails(run_scenario, monkeypatch)
     assert_fails_naming(result, "AMP-NORM-FP32")
 
 
-def test_a_torch_without_torch_cuda_amp_records_the_api_gone(run_scenario, monkeypatch, pytester):
-    # The removal the FutureWarning announces: the test records it as a verdict, no error.
+def test_a_torch_without_torch_cuda_amp_fails_recording_the_api_gone(
+    run_scenario, monkeypatch, pytester
+):
+    # The removal the FutureWarning announces is a change across releases: predicted on none
+    # yet, it fails (never a pass on any release), and the verdict it measured is kept.
     # torch.amp.GradScaler itself still uses torch.cuda.amp.common: the public names go.
     monkeypatch.delattr(torch.cuda.amp, "autocast")
     monkeypatch.delattr(torch.cuda.amp, "GradScaler")
-    run_scenario(MODULE, "-k", "test_article_api_is_deprecated").assert_outcomes(passed=1)
+    result = run_scenario(MODULE, "-k", "test_article_api_is_deprecated")
+    assert_fails_naming(result, "API-DEPRECATED")
+    result.stdout.fnmatch_lines(["*predicted the article's torch.cuda.amp*removed them*"])
     journal = (pytester.path / "reports" / "journal.jsonl").read_text().splitlines()
     (record,) = [e["record"] for e in map(json.loads, journal) if e["type"] == "record"]
     (verdict,) = record["verdicts"]
     assert (verdict["claim"], verdict["verdict"]) == ("API-DEPRECATED", "refuted")
     assert verdict["evidence"].startswith("the article's API is gone: torch ")
     assert record["params"]["article_api"].startswith("removed in torch")
+
+
+CURRENT_API_CONTROL = "*API-DEPRECATED: predicted no FutureWarning from the current API*"
+
+
+def test_a_capture_that_hears_no_warning_fails_the_control(run_scenario, monkeypatch):
+    # "No FutureWarning from the current API" held whenever the capture heard nothing at all;
+    # now the control's own assertion fails on a capture that is deaf.
+    monkeypatch.setattr(warnings, "warn", lambda *args, **kwargs: None)
+    result = run_scenario(MODULE, "-k", "test_article_api_is_deprecated")
+    assert_fails_naming(result, "API-DEPRECATED")
+    result.stdout.fnmatch_lines([CURRENT_API_CONTROL + "heard ours: False*"])
+
+
+def test_a_current_api_that_warns_fails_the_control(run_scenario, monkeypatch):
+    # The control's subject broken: torch.autocast deprecated as the article's API is.
+    autocast = torch.autocast
+
+    def warning_autocast(*args, **kwargs):
+        warnings.warn("torch.autocast is deprecated", FutureWarning, stacklevel=2)
+        return autocast(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "autocast", warning_autocast)
+    result = run_scenario(MODULE, "-k", "test_article_api_is_deprecated")
+    assert_fails_naming(result, "API-DEPRECATED")
+    result.stdout.fnmatch_lines([CURRENT_API_CONTROL + "torch.autocast is deprecated*"])
+
+
+@pytest.mark.parametrize(
+    ("device", "version", "predicted"),
+    [
+        ("cuda", "2.12.0", torch.float32),  # on CUDA autocast's fp32 list
+        ("cuda", "2.14.1+cu130", torch.float32),
+        ("cuda", "2.9.1+cu128", torch.float16),  # no list: the mixed-dtype rule, as on the CPU
+        ("cuda", "2.5.1+cu124", torch.float32),
+        ("cpu", "2.13.0+cpu", torch.float16),
+        ("cpu", "2.4.1+cu121", torch.float32),
+    ],
+)
+def test_the_rms_norm_output_is_predicted_on_cuda_too(device, version, predicted):
+    # Recorded on CUDA but never asserted before: the GPU rule, checked here on the CPU.
+    scenario = load_scenario(MODULE)
+    assert scenario._rms_norm_predicted(device, version) == predicted
