@@ -228,16 +228,27 @@ INTERVAL = 3
 SCRIPT = "cccicciccccc" + "i" * 20
 
 
-def _predicted_scales(script: str, scale: float, interval: int) -> list[float]:
-    """The documented rule: x0.5 on inf (count reset), x2 after `interval` clean steps in a row."""
+# The control's scaler: other factors than the defaults' x2 and x0.5, the same rule.
+CONTROL_FACTORS = {"growth_factor": 4.0, "backoff_factor": 0.25}
+
+
+def _predicted_scales(
+    script: str,
+    scale: float,
+    interval: int,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+) -> list[float]:
+    """The documented rule: x backoff_factor on inf (count reset), x growth_factor after
+    `interval` clean steps in a row (x0.5 and x2 by default)."""
     scales, clean = [], 0
     for kind in script:
         if kind == "i":
-            scale, clean = scale * 0.5, 0
+            scale, clean = scale * backoff_factor, 0
         else:
             clean += 1
             if clean == interval:
-                scale, clean = scale * 2.0, 0
+                scale, clean = scale * growth_factor, 0
         scales.append(scale)
     return scales
 
@@ -266,10 +277,13 @@ def test_update_backs_off_on_inf_and_grows_after_the_interval(amp_device, record
     start = scaler.get_scale()
     measured = _scale_history(scaler, SCRIPT, device)
     predicted = _predicted_scales(SCRIPT, start, INTERVAL)
-    # Negative control: a disabled scaler keeps no scale, whatever the gradients.
-    disabled = _scale_history(torch.amp.GradScaler(amp_device.type, enabled=False), SCRIPT, device)
-    record.param(growth_interval=INTERVAL, script=SCRIPT)
-    record.history(scale=measured, predicted_scale=predicted, disabled_scale=disabled)
+    # Negative control: a scaler with other factors, through the same steps, follows the rule
+    # with its own factors: the scale moves by what update() computes, not by a fixed script.
+    other = torch.amp.GradScaler(amp_device.type, growth_interval=INTERVAL, **CONTROL_FACTORS)
+    control = _scale_history(other, SCRIPT, device)
+    control_predicted = _predicted_scales(SCRIPT, start, INTERVAL, **CONTROL_FACTORS)
+    record.param(growth_interval=INTERVAL, script=SCRIPT, control_factors=CONTROL_FACTORS)
+    record.history(scale=measured, predicted_scale=predicted, control_scale=control)
     record.history(inf=[float(kind == "i") for kind in SCRIPT])
     record.metric(default_growth_interval=default_interval, final_scale=measured[-1])
 
@@ -277,7 +291,6 @@ def test_update_backs_off_on_inf_and_grows_after_the_interval(amp_device, record
         verdict = "confirmed"
     else:
         verdict = "partly" if len(set(measured)) > 1 else "refuted"
-    disabled_values = "/".join(f"{s:g}" for s in sorted(set(disabled)))
     head = len(SCRIPT.rstrip("i"))  # the scripted part before the run of infs
     record.verdict(
         "SCL-UPDATE-DYNAMIC",
@@ -285,8 +298,10 @@ def test_update_backs_off_on_inf_and_grows_after_the_interval(amp_device, record
         f"growth_interval {INTERVAL}, steps {SCRIPT[:head]}: scale from {start:g}: "
         f"{' '.join(f'{s:g}' for s in measured[:head])} (rule: "
         f"{' '.join(f'{s:g}' for s in predicted[:head])}); then {len(SCRIPT) - head} infs: "
-        f"{measured[-1]:g} (no floor); default growth_interval {default_interval}; a disabled "
-        f"scaler reports scale {disabled_values} over {len(SCRIPT)} steps",
+        f"{measured[-1]:g} (no floor); default growth_interval {default_interval}; with "
+        f"growth x{CONTROL_FACTORS['growth_factor']:g} and backoff "
+        f"x{CONTROL_FACTORS['backoff_factor']:g} the same steps ended at {control[-1]:g} "
+        f"(rule: {control_predicted[-1]:g})",
     )
     assert measured == predicted, (
         f"SCL-UPDATE-DYNAMIC: predicted scales {predicted}, measured {measured}"
@@ -297,7 +312,10 @@ def test_update_backs_off_on_inf_and_grows_after_the_interval(amp_device, record
     assert default_interval == 2000, (
         f"SCL-UPDATE-DYNAMIC: predicted default growth_interval 2000, got {default_interval}"
     )
-    assert set(disabled) == {1.0}, f"SCL-UPDATE-DYNAMIC: a disabled scaler moved: {disabled}"
+    assert control == control_predicted, (
+        f"SCL-UPDATE-DYNAMIC: predicted a scaler with factors {CONTROL_FACTORS} to follow the "
+        f"rule with them, {control_predicted}; measured {control}"
+    )
 
 
 # --- SCL-NAN-INCREASES ----------------------------------------------------------------------

@@ -62,5 +62,20 @@ def test_scenario_fails_when_grad_scaler_is_broken(
     assert_fails_naming(result, claim)
 
 
+def _update_with_the_default_factors(self, new_scale=None):
+    """update() that ignores the scaler's own growth and backoff factors (x2 and x0.5 always):
+    the default scaler's history stays right, the control's does not."""
+    self._growth_factor, self._backoff_factor = 2.0, 0.5
+    return _update(self, new_scale)
+
+
+def test_an_update_that_ignores_its_factors_fails_the_control(monkeypatch, run_scenario):
+    # The control's own subject broken: only its assertion can see it.
+    monkeypatch.setattr(GradScaler, "update", _update_with_the_default_factors)
+    result = run_scenario(MODULE, "-k", "backs_off_on_inf")
+    assert_fails_naming(result, "SCL-UPDATE-DYNAMIC")
+    result.stdout.fnmatch_lines(["*SCL-UPDATE-DYNAMIC: predicted a scaler with factors*"])
+
+
 def test_module_passes_unpatched(run_scenario):
     run_scenario(MODULE).assert_outcomes(passed=5)
