@@ -449,7 +449,16 @@ def _stability(run: Run, recipe: recipes.Recipe, found: dict) -> None:
         taken = len(run.skips) - run.skipped
         scale = f"scale {run.scale[0]:g} -> {run.scale[-1]:g}"
         if taken * 2 <= len(run.skips):
-            reasons.append(f"the scaler took {taken} of {len(run.skips)} steps ({scale})")
+            seeking = run.startup_skips() == run.skipped and run.scale[-1] >= SCALE_FLOOR
+            reasons.append(
+                f"the scaler took {taken} of {len(run.skips)} steps ({scale})"
+                + (
+                    ": it was still seeking its scale, so more --steps may see it settle "
+                    "(or fall under 1: fp16's gradients overflowing unscaled)"
+                    if seeking
+                    else ""
+                )
+            )
         elif run.scale[-1] < SCALE_FLOOR:
             reasons.append(f"the scale collapsed below {SCALE_FLOOR:g} ({scale})")
         later = run.skipped - run.startup_skips()
