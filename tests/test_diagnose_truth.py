@@ -61,3 +61,15 @@ def test_the_engineered_failures_are_caught_and_the_healthy_model_is_not():
     assert found["raw_targets"].runs["amp-fp16"].status == diagnose.UNSTABLE
     assert found["tiny_grad"].runs["amp-fp16-noscaler"].status == diagnose.NEEDS_SCALING
     assert found["healthy"].runs["amp-fp16"].status == diagnose.SAFE
+
+
+def test_the_command_verifies_and_says_whether_each_prediction_held(tmp_path, capsys):
+    from harness.cli import main
+
+    code = main(["diagnose", "harness.diagnose_examples:fragile", "--device", "cpu", "--steps",
+                 "4", "--verify", "30", "--reports", str(tmp_path), "--no-mlflow"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "verified over 30 steps" in out
+    assert "amp-fp16: said keep layers in fp32 or use bf16, diverges" in out
+    assert "amp-bf16: said safe, trains as fp32" in out and "MISSED" not in out
+    assert "fix amp-fp16 with amplifier in fp32: trains as fp32" in out and "the fix held" in out
