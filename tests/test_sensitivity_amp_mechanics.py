@@ -207,3 +207,20 @@ def test_the_rms_norm_output_is_predicted_on_cuda_too(device, version, predicted
     # Recorded on CUDA but never asserted before: the GPU rule, checked here on the CPU.
     scenario = load_scenario(MODULE)
     assert scenario._rms_norm_predicted(device, version) == predicted
+
+
+def test_a_half_that_keeps_batch_norm_in_fp32_fails_the_control(run_scenario, monkeypatch):
+    # The control's subject broken: .half() leaves BatchNorm in fp32 (apex's
+    # keep_batchnorm_fp32), so its statistics are as exact as autocast's. Only the control's
+    # measurement of their precision can see it: the dtypes autocast gives are unchanged.
+    apply = torch.nn.BatchNorm1d._apply
+
+    def keeping_fp32(self, fn, *args, **kwargs):
+        if fn(torch.zeros(1)).dtype == torch.float16:
+            return self
+        return apply(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.BatchNorm1d, "_apply", keeping_fp32)
+    result = run_scenario(MODULE, "-k", "test_norms_under_fp16_autocast")
+    assert_fails_naming(result, "AMP-NORM-FP32")
+    result.stdout.fnmatch_lines(["*predicted a .half() BatchNorm's running_var off the exact*"])
