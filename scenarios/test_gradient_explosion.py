@@ -11,8 +11,10 @@ gradient norm (PIT1-EXPLOSION, NUM-OVERFLOW, PRACTICE-SMOKE, PIT1-GRADNORM).
   every recipe. Without a scaler (amp-fp16-noscaler, half) the overflow reaches the parameters
   and the loss goes inf/NaN; with the scaler every overflowing step is skipped and the
   parameters stay finite (the NaN loss left under the scaler is a forward overflow).
-- The article's early warning: loss, scale, skipped steps and the grad norm after unscaling,
-  logged per step for a healthy and an exploding run, tell the two apart before the loss does.
+- The article's early warning, as a user can run it (harness.smoke): each run judged from its
+  own first steps alone (grad norm after unscaling > 10x their median, or skips that persist;
+  a lone skip is calibration). It warns the exploding run 4 steps before its loss diverges and
+  raises no alarm on the healthy one (negative control).
 - Clipping order: `clip_grad_norm_` before `scaler.unscale_` clips gradients that are still
   multiplied by the scale: the update is 65536x too small and the norm read 65536x too large.
   Unscaled first (as `Precision.step` does), the norm and the update are fp32's.
@@ -29,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness import probes, recipes
+from harness import probes, recipes, smoke
 from harness.data import Task, make_task
 from harness.figures import training_curves
 from harness.models import build
@@ -51,7 +53,6 @@ PARAMS, STEPS = 3000, 20
 HEALTHY_LR, EXPLODING_LR = 0.1, 10.0
 EXPLOSION_RECIPES = ("fp32", "amp-fp16", "amp-fp16-noscaler", "half")
 DIVERGED = 10.0  # a loss non-finite or above 10x the first step's: the run has diverged
-WARNING = 10.0  # a grad norm above 10x the healthy run's largest is a warning
 
 # Clipping order: one plain SGD step with the gradients clipped to a norm below theirs.
 CLIP_NORM, CLIP_LR = 0.05, 0.1
@@ -271,15 +272,9 @@ def _sgd_run(amp_device, recipe: str, lr: float) -> _Run:
     return _Run(history, model, _nonfinite_params(model))
 
 
-def _warning_step(run: _Run, healthy: _Run) -> int | None:
-    """The first step whose signals leave the healthy run's range: a skipped step, or a grad
-    norm after unscaling that is non-finite or above WARNING x the healthy run's largest."""
-    ceiling = WARNING * max(g for g in healthy.history.grad_norm if math.isfinite(g))
-    h = run.history
-    return _first(
-        skip or not math.isfinite(g) or g > ceiling
-        for skip, g in zip(h.skipped, h.grad_norm, strict=True)
-    )
+def _alarm(run: _Run) -> smoke.Alarm | None:
+    """What a user watching this run alone is warned of (harness.smoke: its own first steps)."""
+    return smoke.first_alarm(run.history.grad_norm, run.history.skipped)
 
 
 @pytest.mark.claim("PIT1-EXPLOSION", "NUM-OVERFLOW", "PRACTICE-SMOKE")
@@ -322,11 +317,15 @@ def test_a_diverging_learning_rate_diverges_in_fp32_too(amp_device, record):
     with recipes.get("amp-fp16").bind(amp_device) as precision:
         fp16_eval = evaluate(amp.model, precision, task)["val_loss"]
     healthy = low["amp-fp16"]
-    warned, healthy_warned = _warning_step(amp, healthy), _warning_step(healthy, healthy)
+    alarm, healthy_alarm = _alarm(amp), _alarm(healthy)
+    warned = alarm.step if alarm else None
+    lead = amp.diverged - warned if warned is not None and amp.diverged is not None else None
     record.metric(
         final_weights_val_loss_fp32=fp32_eval,
         final_weights_val_loss_fp16_autocast=fp16_eval,
         smoke_warning_step=_metric_step(warned),
+        smoke_warning_lead_steps=lead if lead is not None else -1,
+        smoke_healthy_alarm_step=_metric_step(healthy_alarm.step if healthy_alarm else None),
     )
     record.figure(
         "smoke_signals",
@@ -389,21 +388,25 @@ def test_a_diverging_learning_rate_diverges_in_fp32_too(amp_device, record):
         f"{' (a forward overflow)' if forward_overflow else ''}",
     )
 
-    # PRACTICE-SMOKE: do the signals tell the exploding run from the healthy one, in time?
+    # PRACTICE-SMOKE: does a detector a user can run on one run alone (its own first steps as
+    # the reference) warn the exploding run before its loss diverges, and stay quiet on the
+    # healthy one?
     if warned is None:
         verdict = "inconclusive"
     else:
-        verdict = "confirmed" if amp.diverged is None or warned <= amp.diverged else "partly"
-    healthy_max = max(g for g in healthy.history.grad_norm if math.isfinite(g))
+        in_time = lead is not None and lead > 0
+        verdict = "confirmed" if in_time and healthy_alarm is None else "partly"
     record.verdict(
         "PRACTICE-SMOKE",
         verdict,
-        f"amp-fp16, {STEPS} steps: lr {HEALTHY_LR:g} has grad norm <= {healthy_max:.3g}, "
-        f"{sum(healthy.history.skipped)} skipped steps, final scale "
-        f"{healthy.history.scale[-1]:g}; lr {EXPLODING_LR:g} leaves that range (grad norm > "
-        f"{WARNING:g}x, inf, or a skip) at {_step_text(warned)} and its loss diverges at "
-        f"{_step_text(amp.diverged)}; {sum(amp.history.skipped)} skipped steps, final scale "
-        f"{amp.history.scale[-1]:g}",
+        f"amp-fp16, {STEPS} steps, each run judged from its own first {smoke.REFERENCE_STEPS} "
+        f"steps (grad norm > {smoke.FACTOR:g}x their median, or skips persisting within "
+        f"{smoke.SKIP_WINDOW} steps): lr {EXPLODING_LR:g} warned at {_step_text(warned)} "
+        f"({alarm.why if alarm else 'no alarm'}), its loss diverged at "
+        f"{_step_text(amp.diverged)}: {lead if lead is not None else 'no'} steps of warning; "
+        f"lr {HEALTHY_LR:g} (never diverging) "
+        f"{'alarmed at ' + _step_text(healthy_alarm.step) if healthy_alarm else 'no alarm'}; "
+        f"{sum(amp.history.skipped)} skipped steps, final scale {amp.history.scale[-1]:g}",
     )
 
     for recipe, run in high.items():
@@ -444,12 +447,14 @@ def test_a_diverging_learning_rate_diverges_in_fp32_too(amp_device, record):
         f"NUM-OVERFLOW: predicted the scaled run's finite weights to overflow in the fp16 "
         f"forward only, val loss {fp32_eval} in fp32, {fp16_eval} under autocast"
     )
-    assert healthy_warned is None, (
-        f"PRACTICE-SMOKE: the healthy run itself left its range at {_step_text(healthy_warned)}"
-    )
-    assert warned is not None and warned <= amp.diverged, (
-        f"PRACTICE-SMOKE: predicted the signals to warn no later than the loss diverges "
+    assert lead is not None and lead > 0, (
+        f"PRACTICE-SMOKE: predicted the run's own signals to warn before its loss diverges "
         f"({_step_text(amp.diverged)}), warned at {_step_text(warned)}"
+    )
+    # Negative control: the healthy run, judged the same way, raises no false alarm.
+    assert healthy_alarm is None, (
+        f"PRACTICE-SMOKE: predicted no alarm on the run that never diverges, got "
+        f"{_step_text(healthy_alarm.step)}: {healthy_alarm.why}"
     )
 
 

@@ -55,3 +55,22 @@ def test_scenario_fails_when_grad_scaler_is_broken(
 
 def test_module_passes_unpatched(run_scenario):
     run_scenario(MODULE).assert_outcomes(passed=3)
+
+
+def test_a_healthy_run_whose_norm_jumps_fails_the_no_false_alarm_control(monkeypatch, run_scenario):
+    """Every run's reported grad norm 30x larger from its 11th step on (each run is STEPS = 20
+    steps, run one after the other): the never-diverging run now leaves 10x its own start, and
+    PRACTICE-SMOKE's control must see it. Judged against the healthy run's own maximum, as
+    before, it could not: the jump raises the maximum with it."""
+    from harness import recipes
+
+    norm, calls = recipes.total_grad_norm, []
+
+    def jumping(params):
+        calls.append(1)
+        return norm(params) * (30.0 if (len(calls) - 1) % 20 >= 10 else 1.0)
+
+    monkeypatch.setattr(recipes, "total_grad_norm", jumping)
+    result = run_scenario(MODULE, "-k", "diverges_in_fp32_too")
+    assert_fails_naming(result, "PRACTICE-SMOKE")
+    result.stdout.fnmatch_lines(["*PRACTICE-SMOKE: predicted no alarm on the run that never*"])
