@@ -13,6 +13,7 @@ change to the part covered (a hand edit, a truncation) rebuilds it; where it can
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -205,7 +206,8 @@ def _save(path: Path, index: Index) -> None:
         temporary.write_text(json.dumps({"format": FORMAT, **asdict(index)}), encoding="utf-8")
         os.replace(temporary, path)
     except OSError:
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only folder refuses the unlink as well
+            temporary.unlink(missing_ok=True)
 
 
 def read_line(line: bytes) -> tuple[dict | None, str]:
