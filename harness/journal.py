@@ -15,6 +15,8 @@ baseline, compare, the plugin's end of session):
   with a warning naming the line and the field; the entries around it are read as usual;
 - fields and entry types this version does not know (a newer version wrote them) are ignored,
   and said once per reading.
+Readers go through harness.journal_index, which keeps what a reading found beside the journal,
+so that the next reading parses only what was appended since, and only the sessions it needs.
 """
 
 from __future__ import annotations
