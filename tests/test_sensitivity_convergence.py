@@ -85,3 +85,11 @@ def test_differences_with_spread_stay_on_three_seeds(monkeypatch):
     )
     assert len(comparison.seeds) == 3 and comparison.spreadless == ()
     assert comparison.steps("amp-fp16").beyond(comparison.step_margin)
+
+
+def test_no_slowdown_in_three_tiny_models_leaves_can_slow_down_open():
+    # "Can slow down" is not refuted by the few models tried; one slowed model shows it.
+    verdict = convergence.small_model_verdict
+    assert verdict(slower=0, pairs=6) == "inconclusive"  # every gap ruled out, or undecided
+    assert verdict(slower=1, pairs=6) == "partly"
+    assert verdict(slower=6, pairs=6) == "confirmed"
