@@ -339,7 +339,14 @@ class DeviceInfo:
         if _torch_release() < expected.torch:
             release = ".".join(map(str, expected.torch))
             return None, f"not in torch {torch.__version__}, expected from torch {release}"
-        if expected.cc and (self.compute_capability or (0, 0)) < expected.cc and not _rocm():
+        if expected.cc and _rocm():
+            # ROCm reports no NVIDIA compute capability to hold the row to: which AMD GPUs have
+            # TF32, bf16 or fp8 is not in the table, so an absence is a skip that says so.
+            return None, (
+                f"{self.name} is a ROCm GPU: the table expects this from NVIDIA compute "
+                f"capability {expected.cc[0]}.{expected.cc[1]}, and holds no AMD architecture"
+            )
+        if expected.cc and (self.compute_capability or (0, 0)) < expected.cc:
             major, minor = expected.cc
             return None, f"{self.name} is older than compute capability {major}.{minor}"
         return expected, ""
@@ -356,7 +363,8 @@ class DeviceInfo:
 
 
 def _rocm() -> bool:
-    """A ROCm build answers as "cuda", but compute capabilities are NVIDIA's scale."""
+    """A ROCm build answers as "cuda", but compute capabilities are NVIDIA's scale (an MI300
+    reports 9.4: it would pass for a Hopper)."""
     return torch.version.hip is not None
 
 

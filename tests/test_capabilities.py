@@ -420,3 +420,21 @@ def test_a_table_claiming_less_than_a_baseline_is_caught(scenario_needs, monkeyp
     monkeypatch.setitem(devices.EXPECTED, ("cpu", "grad_scaler"), late)
     found = claimed_less_than_measured(baseline, scenario_needs)
     assert found and all("grad_scaler worked on cpu torch 2.4.1" in line for line in found)
+
+
+@pytest.mark.parametrize("need", ["tf32", "bf16_autocast", "fp8_matmul"])
+def test_a_rocm_gpu_lacking_a_compute_capability_feature_skips(monkeypatch, need):
+    """ROCm answers as "cuda" with a compute capability on no NVIDIA scale (MI300: 9.4): the
+    table's NVIDIA rows cannot say what an AMD GPU has, so a genuine absence is a skip naming
+    ROCm, never a failure. The control: the same GPU on a CUDA build is a regression."""
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    mi300 = DeviceInfo("cuda", "AMD Instinct MI300X", 1, (9, 4), {need: Probe(False, "no")})
+    lack = mi300.missing(need)
+    assert not lack.regression and "ROCm GPU" in lack.reason, lack.reason
+    # What every GPU has (fp16 autocast) stays expected on ROCm.
+    fp16 = DeviceInfo(
+        "cuda", "AMD Instinct MI300X", 1, (9, 4), {"fp16_autocast": Probe(False, "x")}
+    )
+    assert fp16.missing("fp16_autocast").regression
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert mi300.missing(need).regression
