@@ -39,14 +39,12 @@ from harness.diagnose_rules import (  # noqa: F401  (the names a scenario assert
     forecast,
     judge,
 )
-from harness.diagnose_runs import Replay, Setting, StepTimeout, run_recipe
+from harness.diagnose_runs import Replay, Setting, StepTimeout, perturbed, run_recipe
 from harness.errors import HarnessError
 
 RECIPES = ("fp32", "amp-fp16", "amp-fp16-noscaler", "amp-bf16", "half")
 # The batches diagnose keeps (the same ones feed every recipe) may take this much memory.
 MAX_KEPT_BYTES = 2 * 1024**3
-# Perturbed fp32 runs that measure fp32's own spread (the drift's noise floor).
-NOISE_RUNS = 2
 # What a recipe's status is fixed by, when the fix is another recipe the diagnosis ran.
 ALTERNATIVES = {
     KEEP_IN_FP32: "amp-bf16",
@@ -227,11 +225,7 @@ def _quick_look(
             f"factory {spec!r}: its first training step failed under fp32: {reference.error}"
         )
     reference.forecast = forecast(reference, horizon)
-    noise = max(
-        end_gap(run_recipe(REFERENCE, initial, quick, setting, watch=False,
-                           perturb=PERTURBATION * (i + 1))[0].loss, reference.loss)
-        for i in range(NOISE_RUNS)
-    )  # fmt: skip
+    noise = max(end_gap(run.loss, reference.loss) for run in perturbed(initial, quick, setting))
     runs = {REFERENCE: reference}
     for name in names[1:]:
         runs[name] = run_recipe(name, initial, quick, setting, reference_gradient=gradient)[0]

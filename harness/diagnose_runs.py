@@ -23,11 +23,12 @@ from torch import nn
 
 from harness import devices, probes, recipes
 from harness.diagnose_fixes import Fix, Fixed
-from harness.diagnose_rules import NormState, OpRange, Run
+from harness.diagnose_rules import PERTURBATION, NormState, OpRange, Run
 from harness.errors import HarnessError
 from harness.train import History, train
 
 SEED = 0
+NOISE_RUNS = 2  # perturbed fp32 runs that measure fp32's own spread
 NORMS = tuple(
     kind
     for kind in (
@@ -228,6 +229,16 @@ def run_recipe(
     if reference_gradient is not None and gradient is not None:
         run.cosine = _cosine(gradient, reference_gradient)
     return run, gradient
+
+
+def perturbed(initial: nn.Module, replay: Replay, setting: Setting, **options) -> list[Run]:
+    """fp32 again, NOISE_RUNS times, its weights multiplied by 1 + k * PERTURBATION * N(0, 1)
+    (k = 1, 2, ...): how far fp32 moves from itself, the spread a precision gap must beat."""
+    return [
+        run_recipe("fp32", initial, replay, setting, watch=False, perturb=PERTURBATION * k,
+                   **options)[0]
+        for k in range(1, NOISE_RUNS + 1)
+    ]  # fmt: skip
 
 
 def evaluate(model: nn.Module, precision: recipes.Precision, batches: list, loss) -> float:

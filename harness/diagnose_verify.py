@@ -1,9 +1,9 @@
 """`amp-harness diagnose --verify N`: the ground truth the quick look is judged by.
 
 After the quick look, every recipe is trained N steps from the same weights on the same
-batches, with fp32 twice (as it is, and with its weights perturbed: fp32's own spread), and
-every fix the quick look recommended is trained N steps too. Each long run gets a truth from
-what training did:
+batches, fp32 three times (as it is, and twice with its weights perturbed: fp32's own spread,
+measured as the quick look measures it), and every fix the quick look recommended too. Each
+long run gets a truth from what training did:
 - **diverges**: a loss non-finite (from which step), parameters inf/NaN at the end, or a scaler
   that took at most half of the steps or whose scale fell under 1;
 - **harmed**: the end of its loss curve, or its held-out loss (eval mode, HELD_OUT batches it
@@ -27,7 +27,6 @@ from harness.diagnose_rules import (
     DRIFT_MAX,
     NOISE_FACTOR,
     NOT_RUN,
-    PERTURBATION,
     REFERENCE,
     REFERENCE_STATUS,
     SAFE,
@@ -38,7 +37,7 @@ from harness.diagnose_rules import (
     loss_floor,
     window,
 )
-from harness.diagnose_runs import Replay, Setting, run_recipe
+from harness.diagnose_runs import Replay, Setting, perturbed, run_recipe
 
 HELD_OUT = 4  # batches after the trained ones, scored in eval mode at the end
 DIVERGES, HARMED, FINE = "diverges", "harmed", "trains as fp32"
@@ -53,10 +52,10 @@ def verify(
     recipe, fix, truth, why, held)."""
     long = {"held_out": held_out, "watch": False}
     reference, _ = run_recipe(REFERENCE, initial, replay, setting, **long)
-    perturbed, _ = run_recipe(REFERENCE, initial, replay, setting, perturb=PERTURBATION, **long)
+    spread = perturbed(initial, replay, setting, held_out=held_out)
     noise = Noise(
-        end_gap(perturbed.loss, reference.loss),
-        _held_gap(perturbed, reference),
+        max(end_gap(run.loss, reference.loss) for run in spread),
+        max(_held_gap(run, reference) for run in spread),
     )
     rows = []
     for name, quick in diagnosis.runs.items():
