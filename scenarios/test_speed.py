@@ -102,7 +102,7 @@ def about(band: tuple[float, float], tolerance: float) -> tuple[float, float]:
 
 def verdict_fmt_speed(
     vs_fp32: Ratio,
-    vs_tf32: Ratio,
+    vs_tf32: Ratio | None,
     band: tuple[float, float] = (2.0, 8.0),
     control: Ratio | None = None,
     control_threshold: float = 1.1,
@@ -120,7 +120,8 @@ def verdict_fmt_speed(
     confirmed: the interval over fp32 lies inside the band; inconclusive: an interval straddles
     an edge (or rests on too few rounds), or the comparison's A/A `control` does not hold against
     `control_threshold`; partly: only the interval over TF32 lies inside; refuted: both lie
-    outside."""
+    outside. `vs_tf32` None: the GPU has no TF32 (V100, T4: the GPUs the article's 2-8x
+    describes), and strict fp32 decides alone."""
     decision = _fmt_speed(vs_fp32, vs_tf32, band, tolerance)
     if control is None:
         return decision
@@ -128,19 +129,21 @@ def verdict_fmt_speed(
 
 
 def _fmt_speed(
-    vs_fp32: Ratio, vs_tf32: Ratio, band: tuple[float, float], tolerance: float
+    vs_fp32: Ratio, vs_tf32: Ratio | None, band: tuple[float, float], tolerance: float
 ) -> tuple[str, str]:
     low, high = about(band, tolerance)
-    where = {"fp32": vs_fp32.band(low, high), "tf32": vs_tf32.band(low, high)}
+    ratios = {"fp32": vs_fp32, "tf32": vs_tf32}
+    where = {base: r.band(low, high) if r else "absent" for base, r in ratios.items()}
     said = {
         base: f"fp16 over {base} {r.describe()} "
         f"{'' if where[base] == 'straddles' else 'is '}{where[base]} the {low:.3g}-{high:.3g}x band"
-        for base, r in (("fp32", vs_fp32), ("tf32", vs_tf32))
+        for base, r in ratios.items()
+        if r
     }
     reason = (
         f"the article's about {band[0]:g}-{band[1]:g}x (each edge widened by {tolerance:.0%}) "
         f"is read against strict fp32, TF32 off, the baseline it means: {said['fp32']}; "
-        f"{said['tf32']}"
+        f"{said.get('tf32', 'no TF32 on this GPU: strict fp32 decides alone')}"
     )
     if where["fp32"] == "inside":
         return "confirmed", reason
@@ -311,16 +314,15 @@ def _fp8_matmul(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
     return partial(torch._scaled_mm, a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
 
-def _matmul_arms(amp_device, fp8: bool) -> dict[str, Callable[[], None]]:
+def _matmul_arms(amp_device, fp8: bool, tf32: bool) -> dict[str, Callable[[], None]]:
     device = amp_device.torch_device
     a, b = _random((MATMUL_N, MATMUL_N), device, 0), _random((MATMUL_N, MATMUL_N), device, 1)
     # Every arm but tf32 runs with TF32 off: a half-precision arm whose cast had done nothing
     # would run in strict fp32, not borrow TF32's tensor cores.
     strict = recipes.get("fp32").bind(amp_device)
-    arms = {
-        "fp32": strict.wrap(partial(torch.mm, a, b)),
-        "tf32": recipes.get("tf32").bind(amp_device).wrap(partial(torch.mm, a, b)),
-    }
+    arms = {"fp32": strict.wrap(partial(torch.mm, a, b))}
+    if tf32:
+        arms["tf32"] = recipes.get("tf32").bind(amp_device).wrap(partial(torch.mm, a, b))
     for fmt in ("fp16", "bf16"):
         arms[fmt] = strict.wrap(partial(torch.mm, _lowered(a, fmt), _lowered(b, fmt)))
     # The A/A control: the same fp16 product again, in its own slot of every round. fp16 is the
@@ -347,7 +349,7 @@ def _of_peak(achieved: float, peak: float | None, unit: str) -> str:
 
 
 @pytest.mark.claim("FMT-SPEED")
-@pytest.mark.requires("cuda", "tf32")
+@pytest.mark.requires("cuda")
 def test_half_precision_matmul_speed(record, amp_device, benchmark):
     # By name and the figures that tell variants apart (an H200 NVL has 84% of an SXM
     # H200's peaks): a datasheet's peaks are used only where the entry is sure.
@@ -358,7 +360,9 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
     # test fails as a capability regression (harness.devices.EXPECTED).
     fp8_lack = amp_device.optional("fp8_matmul")
     fp8_reason = str(fp8_lack) if fp8_lack else None
-    arms = _matmul_arms(amp_device, fp8=fp8_reason is None)
+    # TF32 likewise: a GPU without it (V100, T4) is compared against strict fp32 alone.
+    tf32_lack = amp_device.optional("tf32")
+    arms = _matmul_arms(amp_device, fp8=fp8_reason is None, tf32=tf32_lack is None)
     matmul = measure.compare(arms, amp_device.type, MATMUL_ROUNDS, MATMUL_WARMUP)
     # Negative control: an op bound by memory, not math, gains only what half the bytes buys.
     add_arms, moved = _add_arms(amp_device)
@@ -368,10 +372,11 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
     tflops = {fmt: 2 * MATMUL_N**3 / matmul.median(fmt) / 1e12 for fmt in formats}
     tbs = {fmt: moved[fmt] / add.median(fmt) / 1e12 for fmt in add_arms}
     ratios = {f"{fmt}_over_fp32": matmul.ratio("fp32", fmt) for fmt in formats if fmt != "fp32"}
-    ratios["fp16_over_tf32"] = matmul.ratio("tf32", "fp16")
+    if not tf32_lack:
+        ratios["fp16_over_tf32"] = matmul.ratio("tf32", "fp16")
     ratios[MATMUL_CONTROL] = control = matmul.ratio("fp16", "fp16-again")
     add_speedup = add.ratio("fp32", "fp16")
-    vs_fp32, vs_tf32 = ratios["fp16_over_fp32"], ratios["fp16_over_tf32"]
+    vs_fp32, vs_tf32 = ratios["fp16_over_fp32"], ratios.get("fp16_over_tf32")
     with recipes.get("fp32").bind(amp_device):
         strict_flags = recipes.tf32_flags()
     record.param(
@@ -387,6 +392,7 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
         ),
         aa_control_threshold=THRESHOLD,
         fp8=fp8_reason or "torch._scaled_mm, float8_e4m3fn inputs, bfloat16 output",
+        tf32=str(tf32_lack) if tf32_lack else "torch.mm with TF32 allowed",
         **{f"fp32_arm.{flag}": on for flag, on in strict_flags.items()},
     )
     record.metric(
@@ -429,7 +435,10 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
         f"{_of_peak(tbs['fp32'], gpu and gpu.bandwidth_tbs, 'TB/s')}",
     )
     measure.benchmark_extra_info(
-        benchmark, fp16_over_fp32=vs_fp32, fp16_over_tf32=vs_tf32, add_fp16_over_fp32=add_speedup
+        benchmark,
+        fp16_over_fp32=vs_fp32,
+        add_fp16_over_fp32=add_speedup,
+        **({"fp16_over_tf32": vs_tf32} if vs_tf32 else {}),
     )
     measure.pedantic(benchmark, arms["fp16"], amp_device.type, rounds=10, warmup=2)
 

@@ -33,10 +33,14 @@ WAIVED = ("cuda", "tf32")
 
 @pytest.fixture
 def cuda_waived(monkeypatch):
+    _waive(monkeypatch, WAIVED)
+
+
+def _waive(monkeypatch, waived: tuple[str, ...]) -> None:
     missing = devices.DeviceInfo.missing
 
     def missing_but_cuda(self, *needs, gpus=0):
-        return missing(self, *(n for n in needs if n not in WAIVED), gpus=gpus)
+        return missing(self, *(n for n in needs if n not in waived), gpus=gpus)
 
     monkeypatch.setattr(devices.DeviceInfo, "missing", missing_but_cuda)
     monkeypatch.setattr(measure, "peak_memory", _peak_memory_on_cpu)
@@ -110,6 +114,17 @@ def _reached_verdicts(result: pytest.RunResult, pytester: pytest.Pytester, tests
 def test_speed_scenarios_run_to_their_verdicts(run_scenario, pytester, cuda_waived):
     result = run_scenario("test_speed.py", plugins=(SPEED,))
     _reached_verdicts(result, pytester, tests=2)
+
+
+def test_fmt_speed_is_decided_on_a_gpu_without_tf32(run_scenario, pytester, monkeypatch):
+    """A V100 or T4 (no TF32: the GPUs the article's 2-8x describes) still decides FMT-SPEED,
+    against strict fp32 alone: here the CPU, whose TF32 is genuinely absent, stands in."""
+    _waive(monkeypatch, ("cuda",))
+    result = run_scenario("test_speed.py", "-k", "matmul", plugins=(SPEED,))
+    _reached_verdicts(result, pytester, tests=1)
+    (session,) = Journal(pytester.path / "reports" / JOURNAL_NAME).sessions().values()
+    (verdict,) = session.records[0].verdicts.values()
+    assert "no TF32 on this GPU: strict fp32 decides alone" in verdict.evidence
 
 
 def test_memory_and_speed_scenarios_run_to_their_verdicts(run_scenario, pytester, cuda_waived):

@@ -308,6 +308,20 @@ def test_fmt_speed_band_edges(vs_fp32, vs_tf32, verdict):
     assert speed.verdict_fmt_speed(vs_fp32, vs_tf32)[0] == verdict
 
 
+@pytest.mark.parametrize(
+    ("vs_fp32", "verdict"),
+    [
+        (ratio(3, 5), "confirmed"),  # a V100's fp16 tensor cores against strict fp32
+        (ratio(12, 14), "refuted"),
+        (ratio(1.2, 1.5), "refuted"),
+        (ratio(9, 11), "inconclusive"),
+    ],
+)
+def test_fmt_speed_without_tf32_reads_strict_fp32_alone(vs_fp32, verdict):
+    decided, reason = speed.verdict_fmt_speed(vs_fp32, None)
+    assert decided == verdict and "no TF32 on this GPU: strict fp32 decides alone" in reason
+
+
 def test_fmt_speed_tolerance_is_stated_and_an_interval_needs_its_rounds():
     h200 = (ratio(12, 14), ratio(1.7, 1.9))
     assert speed.about((2.0, 8.0), 0.25) == (1.6, 10.0)
