@@ -714,9 +714,12 @@ def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
         )
     # Where the largest size's control is too wide, its speed-ups decide nothing (the verdicts
     # say inconclusive): only a comparison whose control holds can contradict the prediction.
-    top = series["amp-bf16_over_fp32"][-1]
     if speedups.control_state(controls[-1], THRESHOLD) == "holds":
-        assert top.decide(THRESHOLD) == "above", (
-            f"PIT4-ONLY-ABOVE-1B: predicted amp-bf16 more than {THRESHOLD}x faster than fp32 "
-            f"(TF32 off) at {SIZES[-1].label} parameters, got {top.describe()}"
-        )
+        # The deciding series (amp-fp16, the verdicts' own) first, then amp-bf16.
+        for name in (DECIDING, "amp-bf16_over_fp32"):
+            top = series[name][-1]
+            assert top.decide(THRESHOLD) == "above", (
+                f"PIT4-ONLY-ABOVE-1B: predicted {name.split('_over_')[0]} more than "
+                f"{THRESHOLD}x faster than fp32 (TF32 off) at {SIZES[-1].label} parameters, got "
+                f"{top.describe()}"
+            )

@@ -204,6 +204,16 @@ def test_timing_verdicts_follow_the_a_a_control(
         assert_fails_naming(result, named)
 
 
+def test_an_amp_fp16_without_gain_at_the_largest_size_fails(run_scenario, cuda_waived, monkeypatch):
+    """The deciding series of the size sweep, amp-fp16 over fp32, is asserted at the largest
+    size, not only amp-bf16's: an fp16 step as slow as fp32's, bf16 still 2x, fails there."""
+    monkeypatch.setitem(TRAINING_STEP, "amp-fp16", 1.0)
+    monkeypatch.setattr(measure, "compare", _synthetic_compare("tight"))
+    result = run_scenario("test_speed.py", "-k", "training_step", plugins=(SPEED,))
+    assert_fails_naming(result, "PIT4-ONLY-ABOVE-1B")
+    result.stdout.fnmatch_lines(["*predicted amp-fp16 more than 1.1x faster than fp32*"])
+
+
 def _fp8_on_cpu() -> str | None:
     try:
         torch._scaled_mm(
