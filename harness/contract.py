@@ -458,16 +458,7 @@ def _check_module(
                 "format it from the values measured, e.g. f\"scale {before:g} -> {after:g}\", "
                 "and record them with record.metric",
             )  # fmt: skip
-        for node in (n for h in helpers for n in walk(h) if isinstance(n, ast.Assert)):
-            why = cannot_fail(node.test)
-            if why and id(node) not in reported:  # a helper's, reached by several tests: once
-                reported.add(id(node))
-                yield Problem(
-                    path, node.lineno, test.name,
-                    f"an assertion that cannot fail ({why}): `{ast.unparse(node.test)}`",
-                    "assert what the experiment predicts, so that the assertion fails when the "
-                    "behaviour it checks breaks",
-                )  # fmt: skip
+        yield from _hollow_assertions(path, test.name, helpers, reported)
         controls = module.controls.find(helpers)
         if not controls:
             yield Problem(
@@ -480,6 +471,20 @@ def _check_module(
         for control in module.controls.unasserted(test.node, controls, helpers):
             what, fix = control.problem()
             yield Problem(path, line, test.name, what, fix)
+
+
+def _hollow_assertions(
+    path: Path, test: str, helpers: list[ast.AST], reported: set[int]
+) -> Iterator[Problem]:
+    """Each `assert` of the test and its helpers that holds whatever was measured (x == x,
+    len(x) >= 0): it checks nothing, and counts as asserting no control (controls.py)."""
+    for node in (n for h in helpers for n in walk(h) if isinstance(n, ast.Assert)):
+        why = cannot_fail(node.test)
+        if why and id(node) not in reported:  # a helper's, reached by several tests: once
+            reported.add(id(node))
+            fix = "assert what the experiment predicts, so that a broken behaviour fails it"
+            what = f"an assertion that cannot fail ({why}): `{ast.unparse(node.test)}`"
+            yield Problem(path, node.lineno, test, what, fix)
 
 
 def _scenario_folder(folder: Path) -> Path:
