@@ -44,3 +44,22 @@ def test_a_release_predicted_to_overflow_early_fails_where_it_does_not(run_scena
     predict_as_before_every_change(monkeypatch)
     result = run_scenario(MODULE, "-k", "test_half_batchnorm_overflows")
     assert_fails_naming(result, "PIT2-NORM-HALF")
+
+
+def test_autocast_keeping_statistics_in_fp16_fails_the_control(run_scenario, monkeypatch):
+    # The control's subject broken: under autocast an fp32 BatchNorm's running_var is held to
+    # fp16's range (stored through fp16), so the autocast fix overflows as .half() does. The
+    # .half() sweep is untouched: only the control's assertion can see it.
+    batch_norm = F.batch_norm
+
+    def statistics_through_fp16(input, running_mean, running_var, *args, **kwargs):
+        out = batch_norm(input, running_mean, running_var, *args, **kwargs)
+        autocast = torch.is_autocast_enabled(input.device.type)
+        if autocast and running_var is not None and running_var.dtype == torch.float32:
+            running_var.data.copy_(running_var.data.half().float())
+        return out
+
+    monkeypatch.setattr(F, "batch_norm", statistics_through_fp16)
+    result = run_scenario(MODULE, "-k", "test_half_batchnorm_overflows")
+    assert_fails_naming(result, "PIT2-NORM-HALF")
+    result.stdout.fnmatch_lines(["*PIT2-NORM-HALF: predicted finite fp32 statistics*"])
