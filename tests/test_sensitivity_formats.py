@@ -80,3 +80,22 @@ def test_overflow_fails_when_the_scaler_never_skips(run_scenario, monkeypatch):
     monkeypatch.setattr(torch.amp.GradScaler, "step", step_always)
     result = run_scenario(MODULE, "-k", "overflow")
     assert_fails_naming(result, "NUM-OVERFLOW")
+
+
+def test_an_optimizer_that_drops_non_finite_gradients_fails_the_control(run_scenario, monkeypatch):
+    # The control's subject broken: Adam itself zeroes inf/NaN gradients before stepping, so
+    # the unscaled run stays finite. The scaled run never reaches Adam with an inf (the scaler
+    # skips): only the control's assertion can see it.
+    step = torch.optim.Adam.step
+
+    def dropping_non_finite(self, *args, **kwargs):
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    param.grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", dropping_non_finite)
+    result = run_scenario(MODULE, "-k", "test_overflow_edge")
+    assert_fails_naming(result, "NUM-OVERFLOW")
+    result.stdout.fnmatch_lines(["*predicted the inf gradient to reach the parameters without*"])
