@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 from conftest import assert_fails_naming
+from torch.amp.grad_scaler import GradScaler
 
 MODULE = "test_bf16.py"
 
@@ -54,3 +55,14 @@ def test_range_precision_fails_when_addition_does_not_round_to_bf16(run_scenario
     monkeypatch.setattr(torch.Tensor, "__add__", add_in_float64)
     result = run_scenario(MODULE, "-k", "range_of_fp32")
     assert_fails_naming(result, "BF16-RANGE-PRECISION")
+
+
+def test_a_scaler_that_does_not_scale_fails_the_control(run_scenario, monkeypatch):
+    # The control's subject broken: GradScaler.scale hands the loss back unscaled, so the fp16
+    # fix flushes the small gradients too. bf16 and unscaled fp16 are untouched: only the
+    # control's assertion can see it.
+    scale = GradScaler.scale  # called, so that the scaler's state exists for step()
+    monkeypatch.setattr(GradScaler, "scale", lambda self, loss: scale(self, loss) / self._scale)
+    result = run_scenario(MODULE, "-k", "without_a_scaler")
+    assert_fails_naming(result, "BF16-NO-SCALER")
+    result.stdout.fnmatch_lines(["*BF16-NO-SCALER: predicted GradScaler to keep the fp16*"])
