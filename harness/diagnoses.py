@@ -27,6 +27,7 @@ from rich.text import Text
 
 from harness import tracking
 from harness.errors import HarnessError
+from harness.shown import visible
 from harness.table import cap
 
 if TYPE_CHECKING:  # harness.diagnose imports torch, which the report reading runs never needs
@@ -106,7 +107,7 @@ def render(diagnosis: Diagnosis, width: int, color: bool) -> str:
 
     console = Console(file=io.StringIO(), width=width, force_terminal=color, no_color=not color)
     console.print(
-        f"amp-harness diagnose {diagnosis.factory} on {diagnosis.device} "
+        f"amp-harness diagnose {visible(diagnosis.factory)} on {diagnosis.device} "
         f"(torch {diagnosis.torch}, {diagnosis.steps} steps)",
         style="bold",
         markup=False,
@@ -131,7 +132,8 @@ def render(diagnosis: Diagnosis, width: int, color: bool) -> str:
 
 
 def _wrapped(console: Console, text: str, width: int, indent: str) -> None:
-    why = cap(text, "in the diagnosis file", REASON_CHARS)
+    # The model's own module names are in the reasons: shown as data (harness.shown).
+    why = cap(visible(text), "in the diagnosis file", REASON_CHARS)
     for line in textwrap.wrap(why, width=max(width - len(indent), 40)):
         console.print(f"{indent}{line}", markup=False, highlight=False)
 
