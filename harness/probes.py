@@ -338,10 +338,20 @@ class OpRanges(TorchDispatchMode):
         self._copies.clear()  # autocast's cache is gone with its region
         if not calls:
             return []
-        nan = torch.full((), math.nan, dtype=torch.float64)
-        numbers = torch.stack(
-            [torch.stack([p.cpu(), nan if i is None else i.cpu()]) for _k, _d, p, i, _f in calls]
-        ).tolist()
+        # Stacked where they were computed, then copied once: a copy per call would synchronise
+        # a CUDA device once per op.
+        device = calls[0][2].device
+        nan = torch.full((), math.nan, dtype=torch.float64, device=device)
+        numbers = (
+            torch.stack(
+                [
+                    torch.stack([p.to(device), nan if i is None else i.to(device)])
+                    for _k, _d, p, i, _f in calls
+                ]
+            )
+            .cpu()
+            .tolist()
+        )
         return [
             OpCall(key, dtype, peak, None if math.isnan(inp) and i is None else inp, fill)
             for (key, dtype, _p, i, fill), (peak, inp) in zip(calls, numbers, strict=True)

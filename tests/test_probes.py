@@ -96,3 +96,36 @@ def test_step_gradients_is_a_train_callback():
     keep = probes.StepGradients()
     keep(net, None)
     assert keep.steps[0].entries == 3 and keep.steps[0].zero == 0
+
+
+class _ExpScore(nn.Module):
+    """A leaf module, then functional code in the root's own forward: exp, and a mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        scores = torch.exp(self.lin(x) * 10)
+        return scores.masked_fill(torch.eye(4, dtype=torch.bool)[: len(x)], float("-inf"))
+
+
+def test_op_ranges_name_every_op_by_its_module_and_find_where_inf_is_made():
+    model = _ExpScore()
+    with torch.no_grad():
+        model.lin.weight.fill_(1.0)  # x of ones: lin gives 4 + bias, exp(40+) overflows fp16
+    with probes.op_ranges(model) as log:
+        with torch.autocast("cpu", dtype=torch.float16), log:
+            out = model(torch.ones(3, 4))
+            out.float().sum()  # outside the model: the loss
+        calls = log.read()
+    keys = [c.key for c in calls]
+    assert "lin:addmm" in keys and "model:exp" in keys and "model:masked_fill" in keys
+    assert any(k.startswith("loss:") for k in keys)
+    made = [c.key for c in calls if c.created]
+    assert made[0] == "model:exp"  # the overflow, made from finite inputs
+    (fill,) = [c for c in calls if c.key == "model:masked_fill"]
+    assert fill.nonfinite and not fill.created  # a mask's -inf is written on purpose
+    # The parameters are left out of the inputs: lin's input peak is the activation's, 1.
+    (addmm,) = [c for c in calls if c.key == "lin:addmm"]
+    assert addmm.input_peak == 1.0
