@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -31,6 +32,15 @@ from harness import devices
 pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def outside_xdist(monkeypatch):
+    """A nested pytest session (pytester) that is not an xdist worker though this one may be:
+    pytest-benchmark disables itself where PYTEST_XDIST_WORKER is set, and the nested session
+    would then write no benchmark JSON."""
+    for name in [n for n in os.environ if n.startswith("PYTEST_XDIST_")]:
+        monkeypatch.delenv(name)
 
 
 @pytest.fixture(scope="module")

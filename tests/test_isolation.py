@@ -101,7 +101,7 @@ def test_timed(record, benchmark):
 """
 
 
-def test_benchmarks_of_an_isolated_test_reach_the_sessions_json_and_table(pytester):
+def test_benchmarks_of_an_isolated_test_reach_the_sessions_json_and_table(pytester, outside_xdist):
     # The GPU scenarios run isolated; their pytest-benchmark results live in the worker.
     pytester.makepyfile(**{"scenarios/test_timed": BENCHMARKED})
     out = pytester.path / "bench.json"

@@ -63,7 +63,7 @@ def test_peak_memory_needs_cuda():
         measure.peak_memory(lambda: None, torch.device("cpu"))
 
 
-def test_ratios_reach_the_benchmark_json(pytester, tmp_path):
+def test_ratios_reach_the_benchmark_json(pytester, tmp_path, outside_xdist):
     pytester.makepyfile(
         """
         import time
