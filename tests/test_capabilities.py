@@ -9,6 +9,8 @@ import contextlib
 import fnmatch
 import io
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -366,12 +368,21 @@ class _Requires:
 def scenario_needs(tmp_path_factory) -> dict[str, set[str]]:
     reader = _Requires()
     reports = tmp_path_factory.mktemp("reports")
-    with contextlib.redirect_stdout(io.StringIO()):  # pytest's collection chatter
-        code = pytest.main(
-            [str(REPO / "scenarios"), "--collect-only", "-q", "-p", "no:cacheprovider",
-             "--no-mlflow", "--amp-device=cpu", f"--amp-reports={reports}"],
-            plugins=[reader],
-        )  # fmt: skip
+    folder = REPO / "scenarios"
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # pytest's collection chatter
+            code = pytest.main(
+                [str(folder), "--collect-only", "-q", "-p", "no:cacheprovider",
+                 "--import-mode=importlib", "--no-mlflow", "--amp-device=cpu",
+                 f"--amp-reports={reports}"],
+                plugins=[reader],
+            )  # fmt: skip
+    finally:
+        # Forget the modules collected: a nested session collecting a copy of one of them
+        # later would meet this one under its name ("import file mismatch").
+        for name, module in list(sys.modules.items()):
+            if Path(getattr(module, "__file__", None) or "/").parent == folder:
+                del sys.modules[name]
     assert code == 0 and reader.needs
     return reader.needs
 
