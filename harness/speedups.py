@@ -40,9 +40,30 @@ CONTROL = "fp32-again_over_fp32"
 CONTROL_BAND = (0.97, 1.03)
 
 
+def arms(device: DeviceInfo) -> dict[str, str]:
+    """ARMS on this device: the tf32 arm only where the GPU has TF32. A V100 or T4 (none: the
+    GPUs the article's speed-ups describe) compares AMP against strict fp32 alone; TF32 expected
+    and broken raises CapabilityRegression (DeviceInfo.optional)."""
+    if device.optional("tf32") is None:
+        return dict(ARMS)
+    return {arm: recipe for arm, recipe in ARMS.items() if recipe != "tf32"}
+
+
 def speedups(comparison: Comparison) -> dict[str, Ratio]:
-    """`<arm>_over_<baseline>` -> how many times faster the arm ran, for every series."""
-    return {f"{arm}_over_{base}": comparison.ratio(base, arm) for arm, base in SERIES}
+    """`<arm>_over_<baseline>` -> how many times faster the arm ran, for every series whose two
+    arms were timed."""
+    timed = comparison.times
+    return {
+        f"{arm}_over_{base}": comparison.ratio(base, arm)
+        for arm, base in SERIES
+        if arm in timed and base in timed
+    }
+
+
+def described(ratios: dict[str, Ratio], name: str) -> str:
+    """A series' ratio for the evidence, or why it is absent (no TF32 on this GPU)."""
+    ratio = ratios.get(name)
+    return ratio.describe() if ratio else "not timed (no TF32 on this GPU)"
 
 
 def control_state(ratio: Ratio, threshold: float) -> str:
@@ -188,7 +209,7 @@ def scales(precisions: dict[str, recipes.Precision]) -> dict[str, float]:
 def tf32_flags(device: DeviceInfo) -> dict[str, bool]:
     """The TF32 switches each arm's recipe runs with, as `tf32.<recipe>.<flag>` parameters."""
     flags = {}
-    for recipe in sorted(set(ARMS.values())):
+    for recipe in sorted(set(arms(device).values())):
         with recipes.get(recipe).bind(device):
             flags.update({f"tf32.{recipe}.{flag}": on for flag, on in recipes.tf32_flags().items()})
     return flags

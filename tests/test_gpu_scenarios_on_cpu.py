@@ -116,15 +116,24 @@ def test_speed_scenarios_run_to_their_verdicts(run_scenario, pytester, cuda_waiv
     _reached_verdicts(result, pytester, tests=2)
 
 
-def test_fmt_speed_is_decided_on_a_gpu_without_tf32(run_scenario, pytester, monkeypatch):
-    """A V100 or T4 (no TF32: the GPUs the article's 2-8x describes) still decides FMT-SPEED,
-    against strict fp32 alone: here the CPU, whose TF32 is genuinely absent, stands in."""
+@pytest.mark.parametrize(
+    ("module", "toy", "tests"),
+    [("test_speed.py", SPEED, 2), ("test_memory_speed.py", MEMORY_SPEED, 3)],
+    ids=["speed", "memory_speed"],
+)
+def test_speed_claims_are_decided_on_a_gpu_without_tf32(
+    run_scenario, pytester, monkeypatch, module, toy, tests
+):
+    """A V100 or T4 (no TF32: the GPUs the article's speed-ups describe) still decides every
+    speed claim, against strict fp32 alone: here the CPU, whose TF32 is genuinely absent,
+    stands in for one."""
     _waive(monkeypatch, ("cuda",))
-    result = run_scenario("test_speed.py", "-k", "matmul", plugins=(SPEED,))
-    _reached_verdicts(result, pytester, tests=1)
+    result = run_scenario(module, plugins=(toy,))
+    _reached_verdicts(result, pytester, tests=tests)
     (session,) = Journal(pytester.path / "reports" / JOURNAL_NAME).sessions().values()
-    (verdict,) = session.records[0].verdicts.values()
-    assert "no TF32 on this GPU: strict fp32 decides alone" in verdict.evidence
+    timed = [v for r in session.records for v in r.verdicts.values() if "SPEED" in v.claim]
+    timed += [v for r in session.records for v in r.verdicts.values() if "PIT4" in v.claim]
+    assert timed and all("no TF32 on this GPU" in v.evidence for v in timed), timed
 
 
 def test_memory_and_speed_scenarios_run_to_their_verdicts(run_scenario, pytester, cuda_waived):
