@@ -226,12 +226,15 @@ def client(uri: str, set_aside: list[str] | None = None):
                 raise
             aside = halfmade.set_aside(store, uri)
             made = MlflowClient(tracking_uri=uri)
+            note = (
+                f"the store {store} was half-made ({reason(exc)}: a session or sync was "
+                f"stopped while MLflow created its tables): set aside as {aside} (nothing "
+                "deleted) and made anew"
+            )
             if set_aside is not None:
-                set_aside.append(
-                    f"the store {store} was half-made ({reason(exc)}: a session or sync was "
-                    f"stopped while MLflow created its tables): set aside as {aside} (nothing "
-                    "deleted) and made anew"
-                )
+                set_aside.append(note)
+            else:  # a reader (the report): said on stderr, with what refills the store
+                log.warning("MLflow: %s; `amp-harness sync` fills it from the journal", note)
     for folder in stray:  # the deepest first; a folder with anything in it stays
         try:
             folder.rmdir()

@@ -110,3 +110,15 @@ def test_a_store_from_a_newer_mlflow_is_never_set_aside(tmp_path):
         db.execute("DELETE FROM alembic_version")
     assert halfmade.half_made(store, failure)  # no revision yet: the first migration stopped
     assert not halfmade.half_made(store, Exception("database is locked"))
+
+
+def test_the_report_on_a_half_made_store_says_it_set_it_aside(tmp_path):
+    half_make(tmp_path / "mlflow.db", r"CREATE TABLE spans")
+    made = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "report", "--reports", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "Traceback" not in made.stderr, made.stderr
+    assert f"MLflow: the store {tmp_path / 'mlflow.db'} was half-made" in made.stderr, made.stderr
+    assert "`amp-harness sync` fills it from the journal" in made.stderr
+    assert len(set_aside_files(tmp_path)) == 1
