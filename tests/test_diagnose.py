@@ -413,3 +413,9 @@ def test_a_diagnosis_that_cannot_be_saved_is_printed_first(tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 1 and "amp-bf16" in captured.out and "safe" in captured.out
     assert "the diagnosis above was not saved" in captured.err and "--reports" in captured.err
+
+
+def test_verify_shorter_than_the_quick_look_is_an_error(capsys):
+    code = main(["diagnose", "harness.diagnose_examples:mlp", "--device", "cpu", "--steps", "8",
+                 "--verify", "4", "--no-mlflow"])  # fmt: skip
+    assert code == 2 and "--verify 4: at least --steps (8) steps" in capsys.readouterr().err
