@@ -169,7 +169,14 @@ def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
 
 
 def _bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """The bytes the tensors' storages hold, each storage once: what memory holds, read from
+    the storages, not computed from shape and dtype (a tensor that views a larger buffer keeps
+    all of it alive)."""
+    held = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        held[storage.data_ptr()] = storage.nbytes()
+    return sum(held.values())
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
