@@ -93,3 +93,18 @@ def test_no_slowdown_in_three_tiny_models_leaves_can_slow_down_open():
     assert verdict(slower=0, pairs=6) == "inconclusive"  # every gap ruled out, or undecided
     assert verdict(slower=1, pairs=6) == "partly"
     assert verdict(slower=6, pairs=6) == "confirmed"
+
+
+def test_a_control_whose_underflow_is_scaled_away_fails_that_control(run_scenario, monkeypatch):
+    # The control's subject: fp16 without loss scaling flushes the gradients of a loss x 2**-16
+    # and converges slower. Give that recipe a GradScaler and nothing flushes: the control's own
+    # assertion ("predicted the control to be slower"), not another, fails.
+    import dataclasses
+
+    from harness import recipes
+
+    scaled = dataclasses.replace(recipes.RECIPES["amp-fp16-noscaler"], scaler=True)
+    monkeypatch.setitem(recipes.RECIPES, "amp-fp16-noscaler", scaled)
+    result = run_scenario(MODULE, "-k", "test_amp_does_not_slow_small_models")
+    assert_fails_naming(result, "PIT4-SMALL-CONVERGENCE")
+    assert any("predicted the control to be slower" in line for line in result.outlines)
