@@ -113,6 +113,26 @@ def assert_fails_naming(
     )
 
 
+def half_in_larger_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the `half` recipe's fp16 parameters views of buffers twice their size: their dtype
+    and shape say 2 bytes a value, their storages hold 4 (what harness.measure.state_bytes
+    reads), as if fp16 saved no memory."""
+    from harness import recipes
+
+    prepare = recipes.Precision.prepare
+
+    def prepare_in_larger_buffers(self, model):
+        model = prepare(self, model)
+        if self.recipe.param_dtype == torch.float16:
+            with torch.no_grad():
+                for p in model.parameters():
+                    buffer = torch.empty(2 * p.numel(), dtype=p.dtype, device=p.device)
+                    p.data = buffer[: p.numel()].view_as(p).copy_(p)
+        return model
+
+    monkeypatch.setattr(recipes.Precision, "prepare", prepare_in_larger_buffers)
+
+
 def predict_as_before_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every harness.releases change predict its old behaviour, as on a release before
     it: on this torch, which has today's, the scenario predicting per release must then fail

@@ -12,8 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import REPO, assert_fails_naming
+from conftest import REPO, assert_fails_naming, half_in_larger_buffers
 
 from harness import claims, cli, contract, devices
 
@@ -105,12 +104,7 @@ def test_new_refuses_a_claim_it_cannot_add_and_writes_nothing(tmp_path, capsys, 
 
 
 def test_the_template_fails_naming_its_claim_when_fp16_takes_four_bytes(pytester, monkeypatch):
-    element_size = torch.Tensor.element_size
-    monkeypatch.setattr(
-        torch.Tensor,
-        "element_size",
-        lambda self: 4 if self.dtype == torch.float16 else element_size(self),
-    )
+    half_in_larger_buffers(monkeypatch)  # fp16 parameters whose storages hold 4 bytes a value
     assert_fails_naming(run_generated(pytester), "PROJECT-DEMO")
 
 

@@ -9,7 +9,7 @@ import contextlib
 
 import pytest
 import torch
-from conftest import assert_fails_naming
+from conftest import assert_fails_naming, half_in_larger_buffers
 
 from harness import devices
 
@@ -99,20 +99,7 @@ def test_half_parameters_that_keep_a_larger_buffer_fail_the_static_control(
     # The control's subject: fp16 storage takes half the bytes. Here `half`'s parameters are
     # fp16 views of buffers twice their size, so dtype and shape look halved and the storages
     # do not: the control, which reads the storages, fails, with its own message.
-    from harness import recipes
-
-    prepare = recipes.Precision.prepare
-
-    def prepare_keeping_larger_buffers(self, model):
-        model = prepare(self, model)
-        if self.recipe.param_dtype == torch.float16:
-            with torch.no_grad():
-                for p in model.parameters():
-                    buffer = torch.empty(2 * p.numel(), dtype=p.dtype, device=p.device)
-                    p.data = buffer[: p.numel()].view_as(p).copy_(p)
-        return model
-
-    monkeypatch.setattr(recipes.Precision, "prepare", prepare_keeping_larger_buffers)
+    half_in_larger_buffers(monkeypatch)
     result = run_scenario(MODULE, "-k", "test_static_memory_of_training_a_7b_model")
     assert_fails_naming(result, "HDL-MEMORY")
     assert any("negative control: predicted `half` to halve" in line for line in result.outlines)
