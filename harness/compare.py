@@ -508,7 +508,6 @@ def render(comparison: Comparison, console) -> None:
 
 
 def _change_cell(m: MetricChange):
-
     cell = shown.text(f"{statistics.fmean(m.before):.4g} -> {statistics.fmean(m.after):.4g}")
     if len(m.before) > 1 or len(m.after) > 1:
         cell.append(f"\nmeans, n={len(m.before)} vs {len(m.after)}", "dim")

@@ -618,13 +618,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             f"{item.nodeid} declares {', '.join(record.claims)} but recorded no verdict for "
             f"{', '.join(record.missing_verdicts())}: call record.verdict(claim, verdict, evidence)"
         )
-    elif call.when == "call" and report.passed and _self_skipped(record):
+    elif call.when == "call" and report.passed and (skipped := _self_skipped(record)):
         # A skip decided inside a passing test escapes the capability table (a capability
         # expected here and lost would pass for one missing): skips go through pytest.skip,
         # requires() or DeviceInfo.optional, where the table judges them.
         report.outcome = "failed"
         report.longrepr = (
-            f"{item.nodeid} passed but recorded 'skipped' for {', '.join(_self_skipped(record))}: "
+            f"{item.nodeid} passed but recorded 'skipped' for {', '.join(skipped)}: "
             "a verdict of a passing test is decided; to skip, use @pytest.mark.requires, "
             "DeviceInfo.optional or pytest.skip with the reason"
         )
