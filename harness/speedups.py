@@ -40,6 +40,9 @@ CONTROL = "fp32-again_over_fp32"
 CONTROL_BAND = (0.97, 1.03)
 
 
+NOT_TIMED = "not timed (no TF32 on this GPU)"  # a TF32 series on a GPU without TF32
+
+
 def arms(device: DeviceInfo) -> dict[str, str]:
     """ARMS on this device: the tf32 arm only where the GPU has TF32. A V100 or T4 (none: the
     GPUs the article's speed-ups describe) compares AMP against strict fp32 alone; TF32 expected
@@ -63,7 +66,7 @@ def speedups(comparison: Comparison) -> dict[str, Ratio]:
 def described(ratios: dict[str, Ratio], name: str) -> str:
     """A series' ratio for the evidence, or why it is absent (no TF32 on this GPU)."""
     ratio = ratios.get(name)
-    return ratio.describe() if ratio else "not timed (no TF32 on this GPU)"
+    return ratio.describe() if ratio else NOT_TIMED
 
 
 def control_state(ratio: Ratio, threshold: float) -> str:

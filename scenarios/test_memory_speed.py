@@ -494,7 +494,7 @@ def speed_verdict(
     A/A `control` does not hold against NO_GAIN (the finest of the decisions). `vs_tf32` None:
     a GPU without TF32 (V100, T4), decided against strict fp32 alone."""
     where = {"fp32": _speed_decision(vs_fp32)}
-    where["tf32"] = _speed_decision(vs_tf32) if vs_tf32 else "not timed (no TF32 on this GPU)"
+    where["tf32"] = _speed_decision(vs_tf32) if vs_tf32 else speedups.NOT_TIMED
     band = f"{CLAIMED_SPEEDUP * (1 - SPEED_BAND):.2f}-{CLAIMED_SPEEDUP * (1 + SPEED_BAND):.2f}x"
     reason = (
         f"over fp32 (TF32 off: the article's setting, PyTorch's default for matmuls since 1.12) "

@@ -595,7 +595,7 @@ def _heads_note(plans: dict[str, models.Plan]) -> str:
 
 def _line(sizes: tuple[Size, ...], ratios: list[Ratio] | None) -> str:
     if ratios is None:
-        return "not timed (no TF32 on this GPU)"
+        return speedups.NOT_TIMED
     return ", ".join(f"{s.label} {r.value:.2f}x" for s, r in zip(sizes, ratios, strict=True))
 
 
