@@ -110,8 +110,7 @@ def test_the_norm_users_read_from_clip_grad_norm(amp_device, record):
     ratio = before / after
     true_after_unscale = math.isclose(ratio, scale, rel_tol=1e-6)
     misleads = read["zero"] == 0.0 or not math.isfinite(read["huge"])
-    verdict = "partly" if true_after_unscale and misleads else "confirmed"
-    verdict = verdict if true_after_unscale else "refuted"
+    verdict = ("partly" if misleads else "confirmed") if true_after_unscale else "refuted"
     record.verdict(
         "PIT1-GRADNORM",
         verdict,
