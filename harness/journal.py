@@ -112,10 +112,6 @@ class Journal:
 
     def entries(self) -> Iterator[dict]:
         """Every readable entry in order; a corrupt line is skipped with a warning."""
-        for _, entry in self._numbered_entries():
-            yield entry
-
-    def _numbered_entries(self) -> Iterator[tuple[int, dict]]:
         if not self.path.exists():
             return
         with self.path.open("rb") as f:  # bytes: a cut line may end inside a UTF-8 character
@@ -123,19 +119,11 @@ class Journal:
                 if not line.strip():
                     continue
                 entry, skipped = journal_index.read_line(line)
-                where = f"{self.path}:{number}"
-                if entry is None:
-                    warnings.warn(
-                        f"{where}: skipped a corrupt journal line ({skipped})", stacklevel=3
-                    )
-                    continue
-                if skipped:
-                    warnings.warn(
-                        f"{where}: skipped a corrupt start of a journal line ({skipped}) and read "
-                        f"the complete {entry['type']} entry after it",
-                        stacklevel=3,
-                    )
-                yield number, entry
+                problem = journal_index.line_problem(entry, skipped)
+                if problem:
+                    warnings.warn(f"{self.path}:{number}: {problem}", stacklevel=2)
+                if entry is not None:
+                    yield entry
 
     def index(self) -> dict[str, Indexed]:
         """Every session, in the order they began, by id, as harness.journal_index holds it:

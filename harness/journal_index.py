@@ -77,13 +77,11 @@ class Index:
         if not line.strip():
             return
         entry, skipped = read_line(line)
+        corrupt = line_problem(entry, skipped)
+        if corrupt:
+            self.problems.append([number, corrupt])
         if entry is None:
-            self.problems.append([number, f"skipped a corrupt journal line ({skipped})"])
             return
-        if skipped:
-            self.problems.append([number, f"skipped a corrupt start of a journal line "
-                                  f"({skipped}) and read the complete {entry['type']} entry "
-                                  "after it"])  # fmt: skip
         kind = entry["type"]
         if kind not in ENTRY_FIELDS:
             self.unknown.setdefault(f"entry type {kind!r}", []).append(number)
@@ -229,6 +227,18 @@ def read_line(line: bytes) -> tuple[dict | None, str]:
             return found, f"{start} bytes: {why}"
         start = line.find(_ENTRY_START, start + 1)
     return None, why
+
+
+def line_problem(entry: dict | None, skipped: str) -> str | None:
+    """What a reader says of a line `read_line` gave `entry` and `skipped` for; None if whole."""
+    if entry is None:
+        return f"skipped a corrupt journal line ({skipped})"
+    if skipped:
+        return (
+            f"skipped a corrupt start of a journal line ({skipped}) and read the complete "
+            f"{entry['type']} entry after it"
+        )
+    return None
 
 
 def _parse(text: bytes) -> tuple[dict | None, str]:
