@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import sys
@@ -207,8 +208,6 @@ def _subject(spec: str, make) -> Subject:
 
 
 def _fp32_copy(spec: str, model: nn.Module) -> nn.Module:
-    import copy
-
     try:
         return copy.deepcopy(model).float()
     except Exception as exc:

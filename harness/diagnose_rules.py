@@ -155,6 +155,11 @@ class Run:
     def first_nonfinite_loss(self) -> int | None:
         return next((i for i, v in enumerate(self.loss, 1) if not math.isfinite(v)), None)
 
+    def scaler_stalled(self) -> bool:
+        """The scaler took at most half the steps, or its scale fell under SCALE_FLOOR."""
+        taken = len(self.skips) - self.skipped
+        return bool(self.skips) and (taken * 2 <= len(self.skips) or self.scale[-1] < SCALE_FLOOR)
+
     def startup_skips(self) -> int:
         """Skips before the first step taken: GradScaler's 65536 seeking its level."""
         return next((i for i, s in enumerate(self.skips) if not s), len(self.skips))
@@ -208,6 +213,12 @@ def end_gap(run: list[float], reference: list[float]) -> float:
     if not all(math.isfinite(a) for a, _b in pairs):
         return math.inf
     return statistics.fmean(abs(a - b) for a, b in pairs) if pairs else 0.0
+
+
+def beyond_noise(gap: float, base: float, spread: float, floor: float) -> bool:
+    """The drift rule, for the quick look and --verify alike: a gap in the loss's units that is
+    over DRIFT_MAX of `base`, over NOISE_FACTOR times fp32's own `spread`, and over `floor`."""
+    return gap / max(abs(base), floor) > DRIFT_MAX and gap > max(NOISE_FACTOR * spread, floor)
 
 
 def loss_floor(reference: Run) -> float:
@@ -476,8 +487,9 @@ def _stability(run: Run, recipe: recipes.Recipe, found: dict) -> None:
 def _drift(run: Run, diagnosis: Diagnosis, found: dict) -> None:
     if not math.isfinite(run.drift_abs):
         return  # non-finite losses: _stability has it
-    floor = max(NOISE_FACTOR * diagnosis.noise, loss_floor(diagnosis.runs[REFERENCE]))
-    if run.drift > DRIFT_MAX and run.drift_abs > floor:
+    reference = diagnosis.runs[REFERENCE]
+    base = statistics.fmean(window(reference.loss))
+    if beyond_noise(run.drift_abs, base, diagnosis.noise, loss_floor(reference)):
         found[DRIFTS] = [
             f"over the last {len(window(run.loss))} steps the loss left fp32's by "
             f"{run.drift:.2%} ({run.drift_abs:.3g}), beyond {DRIFT_MAX:.0%} and beyond "

@@ -126,23 +126,29 @@ class _Watch:
             state.stat_nonfinite = sum(int((~torch.isfinite(s)).sum()) for s in stats)
 
     def _gradients(self, model: nn.Module) -> None:
-        grads = [p.grad.detach().float() for p in model.parameters() if p.grad is not None]
+        grads = [p.grad.detach().float().flatten()
+                 for p in model.parameters() if p.grad is not None]  # fmt: skip
         if not grads:
             return
+        # One vector, one read back: a reduction per parameter would synchronise a GPU for each.
+        flat = torch.cat(grads)
         if self.step == 1:
-            self.first_gradient = torch.cat([g.flatten() for g in grads])
-        flushed = [(g != 0) & (g.half() == 0) for g in grads]
-        nonzero = sum(int((g != 0).sum()) for g in grads)
-        total = sum(g.numel() for g in grads)
+            self.first_gradient = flat
+        nonzero = flat != 0
+        flushed = nonzero & (flat.half() == 0)
+        squares = flat * flat
+        counts = torch.stack(
+            [nonzero.sum().double(), flushed.sum().double(), squares.sum().double(),
+             squares[flushed].sum().double()]
+        )  # fmt: skip
+        nonzero_count, flushed_count, whole, lost = counts.tolist()
         if self.optimizer == "sgd":  # the share of the update fp16 would lose
-            whole = sum(float((g * g).sum()) for g in grads)
-            lost = sum(float((g[f] * g[f]).sum()) for g, f in zip(grads, flushed, strict=True))
             share = lost / whole if whole > 0 else 0.0
         else:
-            share = sum(int(f.sum()) for f in flushed) / nonzero if nonzero else 0.0
+            share = flushed_count / nonzero_count if nonzero_count else 0.0
         self.run.underflow_steps.append(share)
         self.run.underflow = share
-        self.run.zero_gradients = max(self.run.zero_gradients, 1 - nonzero / total)
+        self.run.zero_gradients = max(self.run.zero_gradients, 1 - nonzero_count / flat.numel())
 
 
 class _Limit:
