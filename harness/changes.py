@@ -117,7 +117,7 @@ def _row(claim: str, difference: differences.Difference, group: list[dict]) -> s
         "; ".join(after),
         " / ".join(evidence + difference.known),
     ]
-    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+    return "| " + " | ".join(shown.markdown(c) for c in cells) + " |"  # data: links nowhere
 
 
 def _runs(values: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
@@ -141,11 +141,6 @@ def _value(name: str, run: list[tuple[str, str]]) -> str:
 def _evidence(summary: dict, claim: str) -> str:
     texts = [v["evidence"] for v in summary["verdicts"] if v["claim"] == claim]
     return cap(" ".join(texts), "in the baseline", chars=EVIDENCE_CHARS) if texts else "no verdict"
-
-
-def _cell(text: str) -> str:
-    """A cell of the page: baselines are data (shown.markdown: no link or HTML from them)."""
-    return shown.markdown(text)
 
 
 def write(folder: Path, out: Path | None) -> str:
