@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from harness import releases
 from harness.errors import HarnessError
 from harness.gpus import GpuFigures, Identified, identify
 
@@ -229,11 +230,6 @@ EXPECTED: dict[tuple[str, str], Expected] = {
 }
 
 
-def _torch_release() -> tuple[int, int]:
-    major, minor = torch.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
 @dataclass(frozen=True)
 class Lack:
     """Why this device cannot run something. `regression`: it should be able to."""
@@ -336,7 +332,7 @@ class DeviceInfo:
         expected = EXPECTED.get((self.type, need))
         if expected is None:
             return None, f"not expected on {self.describe()}"
-        if _torch_release() < expected.torch:
+        if releases.release() < expected.torch:
             release = ".".join(map(str, expected.torch))
             return None, f"not in torch {torch.__version__}, expected from torch {release}"
         if expected.cc and _rocm():
