@@ -370,24 +370,24 @@ def _environments(runs: list, link, now: float) -> list[Environment]:
 def _sessions(runs: list, link) -> list[tuple[dict[str, str], Session]]:
     """Every harness session in `runs`, with its env.* facts: its parent run's, or its tests'
     where MLflow has no parent run."""
-    found: dict[str, dict] = {}
+    groups: dict[str, list] = {}
     for run in runs:
         tags = run.data.tags
-        kind, sid = tags.get("amp.kind"), tags.get("amp.session_id")
-        if kind not in ("session", "test") or not sid:
-            continue  # not a harness run
-        session = found.setdefault(
-            sid, {"env": _env(run), "started": run.info.start_time, "parent": None, "tests": []}
-        )
-        # Two parent runs of one session: a retried runs/create made one more (issue 24). The
-        # one that ended is the session's; the other never ended, and never ran anything.
-        if kind == "session" and (
-            session["parent"] is None or session["parent"].info.status == "RUNNING"
-        ):
-            session.update(env=_env(run), started=run.info.start_time, parent=run)
-        else:
-            session["tests"].append(run)
-            session["started"] = min(session["started"], run.info.start_time)
+        sid = tags.get("amp.session_id")
+        if tags.get("amp.kind") in ("session", "test") and sid:
+            groups.setdefault(sid, []).append(run)  # else: not a harness run
+    found: dict[str, dict] = {}
+    for sid, group in groups.items():
+        # Where a retried runs/create made two parent runs (issue 24), the session's is the one
+        # tracking.main_parent names; the other is neither the session nor one of its tests.
+        parent = tracking.main_parent(group)
+        tests = [r for r in group if r.data.tags.get("amp.kind") == "test"]
+        found[sid] = {
+            "env": _env(parent or group[0]),
+            "started": min(r.info.start_time for r in [parent, *tests] if r),
+            "parent": parent,
+            "tests": tests,
+        }
     return [
         (
             s["env"],

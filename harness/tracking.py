@@ -469,7 +469,7 @@ class MlflowSink:
     def _parent(self, session: dict) -> str:
         sid = session["session_id"]
         if sid not in self._parents:
-            found = _main_parent(self._session_runs(sid))
+            found = main_parent(self._session_runs(sid))
             self._parents[sid] = found.info.run_id if found else self._create_parent(session)
         return self._parents[sid]
 
@@ -512,7 +512,7 @@ class MlflowSink:
         logged under; for a test, its complete run (under that parent where there are several).
         What is deleted says why (the tag amp.end_reason), and MLflow can restore it."""
         present = self._session_runs(session_id)
-        main = _main_parent(present)
+        main = main_parent(present)
         parent = self._parents.get(session_id) or (main.info.run_id if main else None)
         copies = [
             r for r in present
@@ -664,7 +664,7 @@ class MlflowSink:
         return counts
 
     def _sync_session(self, session: Session, present: list, counts: dict[str, int]) -> None:
-        main = _main_parent(present)
+        main = main_parent(present)
         if main:
             self._parents[session.entry["session_id"]] = main.info.run_id
         journalled = {r.record_id for r in session.records}
@@ -735,7 +735,7 @@ def _no_fsync(connection, _record) -> None:
     connection.execute("PRAGMA synchronous=OFF")
 
 
-def _main_parent(runs: list):
+def main_parent(runs: list):
     """The session's parent run among `runs`, or None: where a retried runs/create made two,
     the one its tests were logged under (then one that ended, then the first made)."""
     parents = [r for r in runs if r.data.tags.get("amp.kind") == "session"]
