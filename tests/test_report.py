@@ -615,3 +615,25 @@ def test_a_report_over_1000_runs_builds_in_under_10_s(thousand_runs, tmp_path, r
     assert page.count('class="entry v-') == 500  # the latest session of each environment
     assert len(list(index.parent.glob("*.png"))) == 21  # 2 x 10 figures and the overview
     assert build_s < 10, f"built in {build_s:.1f} s, over the 10 s budget"
+
+
+def _run(run_id, kind, status="FINISHED", start=0, parent=None):
+    tags = {"amp.kind": kind, "amp.session_id": "s1"}
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    return SimpleNamespace(
+        info=SimpleNamespace(run_id=run_id, status=status, start_time=start, end_time=start + 1,
+                             run_name=run_id),
+        data=SimpleNamespace(tags=tags, params={}, metrics={}),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("order", ["ended-first", "running-first"])
+def test_a_second_parent_run_is_neither_the_session_nor_a_test(order):
+    # A retried runs/create made two parent runs; only one holds the tests. Read in either order,
+    # the session is that one and the copy is not counted among its tests.
+    ended, copy = _run("p1", "session", start=1), _run("p2", "session", "RUNNING", start=2)
+    tests = [_run(f"t{i}", "test", start=3 + i, parent="p1") for i in range(2)]
+    parents = [ended, copy] if order == "ended-first" else [copy, ended]
+    ((_env, session),) = report._sessions([*parents, *tests], link=lambda run_id: run_id)
+    assert session.name == "p1" and [r.info.run_id for r in session.runs] == ["t0", "t1"]
