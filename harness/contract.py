@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import filenames, shapes
+from harness import filenames, shown
 from harness.claims import PROJECT_FILE, Claim, add_project_claim, unknown_ids, use_project
 from harness.controls import Controls, call_name, cannot_fail, walk
 from harness.errors import HarnessError
@@ -544,7 +544,7 @@ def new_scenario(
     before = catalogue_path.read_bytes() if catalogue_path.exists() else None
     # A statement typed in a Latin-1 terminal reaches sys.argv as surrogates: escaped, so the
     # catalogue (UTF-8 TOML) takes it.
-    statement, source = shapes.storable(statement), shapes.storable(source)
+    statement, source = shown.storable(statement), shown.storable(source)
     claim = add_project_claim(catalogue_path, claim_id, statement, source)
     text = string.Template(TEMPLATE_PATH.read_text(encoding="utf-8")).substitute(
         name=name, claim=claim.id, statement=_comment(f"{claim.id}: {claim.statement}")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from harness import releases
+from harness import releases, tf32
 from harness.errors import HarnessError
 from harness.gpus import GpuFigures, Identified, identify
 
@@ -97,16 +97,14 @@ def _probe_tf32(device: str) -> Probe:
         return Probe(False, "TF32 is an NVIDIA tensor-core format; this device is the CPU")
     a = torch.randn(256, 256, device=device, generator=torch.Generator(device).manual_seed(0))
     exact = a.double() @ a.double()
-    from harness import recipes  # here: recipes imports this module
-
-    saved = recipes.tf32_settings()  # the new fp32_precision API where the build has it
+    saved = tf32.tf32_settings()  # the new fp32_precision API where the build has it
     errors = {}
     try:
         for allowed in (True, False):
-            recipes.set_tf32(allowed)
+            tf32.set_tf32(allowed)
             errors[allowed] = float(((a @ a).double() - exact).abs().max() / exact.abs().max())
     finally:
-        recipes.restore_tf32(saved)
+        tf32.restore_tf32(saved)
     return Probe(
         errors[True] > 8 * errors[False],
         f"a 256x256 fp32 matmul's relative error was {errors[True]:.1e} with TF32 allowed and "

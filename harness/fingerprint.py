@@ -16,7 +16,7 @@ import torch
 
 import harness
 from harness.devices import DeviceInfo
-from harness.recipes import tf32_flags
+from harness.tf32 import tf32_flags
 
 
 def _run(args: list[str], cwd: Path | None = None) -> str:

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import journal_index, shapes
+from harness import journal_index, shown
 from harness.errors import HarnessError
 from harness.journal_index import Indexed
 from harness.record import Record
@@ -160,11 +160,11 @@ class Journal:
 def _line(entry: dict) -> bytes:
     """`entry` as one line of UTF-8 JSON. Text UTF-8 cannot encode (a Latin-1 file name decoded
     with surrogateescape: the plugin escapes records, a caller may not have) is escaped here as
-    well (shapes.storable): a journal that refused it would lose the entry."""
+    well (shown.storable): a journal that refused it would lose the entry."""
     try:
         return (json.dumps(entry, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
     except UnicodeEncodeError:
-        return _line(shapes.storable(entry))
+        return _line(shown.storable(entry))
 
 
 def _write_all(fd: int, data: bytes) -> None:

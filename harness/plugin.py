@@ -32,7 +32,6 @@ from harness import (
     environments,
     fingerprint,
     isolation,
-    shapes,
     shown,
     stopsignals,
     warned,
@@ -187,7 +186,7 @@ class AmpSession:
             "args": [redact(str(a)) for a in self.config.invocation_params.args],
             "fingerprint": facts,
         }
-        self.entry = shapes.storable(self.entry)  # a Latin-1 path in the args: escaped
+        self.entry = shown.storable(self.entry)  # a Latin-1 path in the args: escaped
         # Before the session is in the journal: a sync that sees it also sees that it runs.
         self.running = Running(self.journal.path.parent, self.entry["session_id"])
         self.config.add_cleanup(self.running.close)  # also when the session stops on an error

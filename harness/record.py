@@ -18,7 +18,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness import shapes
+from harness import shapes, shown
 from harness.claims import check_verdict
 from harness.errors import HarnessError
 
@@ -126,16 +126,16 @@ class Record:
         self.verdicts[claim] = Verdict(claim, verdict, evidence)
 
     def make_storable(self) -> None:
-        """Escape, in place, every text of the record that UTF-8 cannot encode (shapes.storable:
+        """Escape, in place, every text of the record that UTF-8 cannot encode (shown.storable:
         a file name decoded with surrogateescape, `caf\\udce9` -> `caf\\xe9`): the journal
         would refuse the whole record, MLflow and the terminal likewise. The test may have set
         any field directly, so all are done; artifact_dir is a path to read figures from, and
         stays (the journal escapes it)."""
         for name in ("test", "claims", "device", "params", "metrics", "histories", "figures",
                      "message"):  # fmt: skip
-            setattr(self, name, shapes.storable(getattr(self, name)))
+            setattr(self, name, shown.storable(getattr(self, name)))
         for verdict in self.verdicts.values():
-            verdict.evidence = shapes.storable(verdict.evidence)
+            verdict.evidence = shown.storable(verdict.evidence)
 
     def missing_verdicts(self) -> list[str]:
         return [c for c in self.claims if c not in self.verdicts]

@@ -64,3 +64,28 @@ class Buffer(io.StringIO):
 
     def getvalue(self) -> str:
         return for_encoding(super().getvalue(), self._encoding)
+
+
+# What UTF-8 cannot encode: a lone surrogate. os.fsdecode and sys.argv turn each byte of a file
+# name that is not UTF-8 into one (b"caf\xe9" -> "caf\udce9", surrogateescape), and any
+# Latin-1 path gives such text.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable(value):
+    """`value` (text, or a list or dict holding text, at any depth) with what UTF-8 cannot
+    encode escaped, so that the journal, MLflow and a terminal take it: a byte os.fsdecode kept
+    as a surrogate reads as `\\xe9` (the byte), any other lone surrogate as `\\udXXX`.
+    Escaped, never dropped: the reader still sees which byte it was. Other values as they are."""
+    if isinstance(value, str):
+        return value if value.isascii() else _SURROGATE.sub(_escape, value)
+    if isinstance(value, list):
+        return [storable(item) for item in value]
+    if isinstance(value, dict):
+        return {storable(key): storable(item) for key, item in value.items()}
+    return value
+
+
+def _escape(found: re.Match) -> str:
+    code = ord(found[0])
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"

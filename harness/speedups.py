@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from harness import recipes
+from harness import recipes, tf32
 from harness.devices import DeviceInfo
 from harness.measure import Comparison, Ratio
 
@@ -214,5 +214,5 @@ def tf32_flags(device: DeviceInfo) -> dict[str, bool]:
     flags = {}
     for recipe in sorted(set(arms(device).values())):
         with recipes.get(recipe).bind(device):
-            flags.update({f"tf32.{recipe}.{flag}": on for flag, on in recipes.tf32_flags().items()})
+            flags.update({f"tf32.{recipe}.{flag}": on for flag, on in tf32.tf32_flags().items()})
     return flags

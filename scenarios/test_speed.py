@@ -35,7 +35,7 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from harness import measure, models, recipes, speedups
+from harness import measure, models, recipes, speedups, tf32
 from harness.measure import Comparison, Ratio
 from harness.models import TOLERANCE
 
@@ -378,7 +378,7 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
     add_speedup = add.ratio("fp32", "fp16")
     vs_fp32, vs_tf32 = ratios["fp16_over_fp32"], ratios.get("fp16_over_tf32")
     with recipes.get("fp32").bind(amp_device):
-        strict_flags = recipes.tf32_flags()
+        strict_flags = tf32.tf32_flags()
     record.param(
         gpu=amp_device.name,
         datasheet=f"{how}: {gpu.source}" if gpu else how,

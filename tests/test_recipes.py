@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import devices, recipes
+from harness import devices, recipes, tf32
 from harness.errors import HarnessError
 
 CPU = devices.resolve("cpu")
@@ -83,13 +83,13 @@ def _setting(switch) -> object:
 
 def test_each_tf32_api_is_driven_and_restored_alone(tf32_api):
     api, matmul, conv = tf32_api
-    assert recipes.new_tf32_api() == (api == "fp32_precision")
+    assert tf32.new_tf32_api() == (api == "fp32_precision")
     before = (_setting(matmul), _setting(conv))
-    assert recipes.tf32_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True}
+    assert tf32.tf32_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True}
     with recipes.get("fp32").bind(CPU):
         off = {"fp32_precision": "ieee", "allow_tf32": False}[api]
         assert (_setting(matmul), _setting(conv)) == (off, off)
-        assert recipes.tf32_flags() == {"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}
+        assert tf32.tf32_flags() == {"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}
     assert (_setting(matmul), _setting(conv)) == before  # restored exactly
 
 
@@ -101,18 +101,18 @@ def test_fp32_precision_none_inherits_then_defaults(monkeypatch):
     monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
     monkeypatch.setattr(torch.backends, "cudnn", cudnn)
     monkeypatch.setattr(torch.backends, "fp32_precision", "none", raising=False)
-    assert recipes.tf32_flags() == {"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": True}
+    assert tf32.tf32_flags() == {"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": True}
     monkeypatch.setattr(torch.backends, "fp32_precision", "tf32")
-    assert recipes.tf32_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True}
+    assert tf32.tf32_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True}
     object.__setattr__(cudnn, "fp32_precision", "ieee")
-    assert recipes.tf32_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": False}
+    assert tf32.tf32_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": False}
 
 
 def test_this_builds_tf32_switches_are_restored_after_a_recipe():
-    before = recipes.tf32_flags()
+    before = tf32.tf32_flags()
     with recipes.get("fp32").bind(CPU):
-        assert not any(recipes.tf32_flags().values())
-    assert recipes.tf32_flags() == before
+        assert not any(tf32.tf32_flags().values())
+    assert tf32.tf32_flags() == before
 
 
 @pytest.mark.parametrize(
@@ -154,8 +154,8 @@ def test_an_inf_gradient_is_a_skipped_step_with_a_backed_off_scale():
 
 def test_a_wrapped_timing_arm_runs_with_its_recipes_tf32_flags(tf32_api):
     seen = []
-    arm = recipes.get("fp32").bind(CPU).wrap(lambda: seen.append(recipes.tf32_flags()))
-    before = recipes.tf32_flags()
+    arm = recipes.get("fp32").bind(CPU).wrap(lambda: seen.append(tf32.tf32_flags()))
+    before = tf32.tf32_flags()
     arm()
     assert seen == [{"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}]
-    assert recipes.tf32_flags() == before  # restored after the call
+    assert tf32.tf32_flags() == before  # restored after the call
