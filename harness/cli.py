@@ -11,10 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import baseline, claims, compare, report, shown, verdicts
-from harness.errors import HarnessError
-from harness.journal import JOURNAL_NAME, Journal
-from harness.tracking import (
+from harness.catalogue import claims, verdicts
+from harness.common import shown
+from harness.common.errors import HarnessError
+from harness.records.journal import JOURNAL_NAME, Journal
+from harness.records.tracking import (
     ARTIFACTS_NAME,
     DB_NAME,
     DEFAULT_EXPERIMENT,
@@ -24,6 +25,7 @@ from harness.tracking import (
     resolve_uri,
     ui_url,
 )
+from harness.reports import baseline, compare, report
 
 NEXT_STEPS = """
 Where to look next:
@@ -101,8 +103,8 @@ def _collect_tests(scenarios: str) -> dict[str, list[str]]:
 
 def _last_verdicts(reports: str) -> dict[str, dict]:
     """Each claim's verdict in the last session that ran a test of it, across that session's
-    tests (harness.verdicts' rule: a later GPU-only skip does not hide earlier CPU decisions
-    of the same session, and a failure is never hidden)."""
+    tests (harness.catalogue.verdicts' rule: a later GPU-only skip does not hide earlier CPU
+    decisions of the same session, and a failure is never hidden)."""
     journal = Journal(Path(reports) / JOURNAL_NAME)
     # The last session that declares each claim, found in the index: only those sessions'
     # records are read (a year of CI history holds thousands).
@@ -140,7 +142,7 @@ def _list_claims(args: argparse.Namespace) -> int:
     import contextlib
     import io
 
-    from harness import contract
+    from harness.catalogue import contract
 
     # Read from the files (no torch import: it answers at once); collected by pytest only where
     # a file's markers cannot be read without running it.
@@ -177,7 +179,7 @@ def _list_claims(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from harness.table import against_expected
+    from harness.reports.table import against_expected
 
     known = claims.catalogue()
     title = f"{len(rows)} claims (last verdicts from {args.reports}/{JOURNAL_NAME})"
@@ -200,7 +202,7 @@ def _baseline(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     if args.action == "changes":
-        from harness import changes
+        from harness.reports import changes
 
         text = changes.write(Path(args.baselines), Path(args.page) if args.page else None)
         print(f"written: {args.page}" if args.page else text, end="\n" if args.page else "")
@@ -485,7 +487,7 @@ def _project_catalogue(args: argparse.Namespace) -> Path:
 
 
 def _new(args: argparse.Namespace) -> int:
-    from harness import contract  # it imports pytest: only the commands that need it pay
+    from harness.catalogue import contract  # it imports pytest: only the commands that need it pay
 
     claim_id, statement = args.claim or (None, None)
     catalogue_path = _project_catalogue(args)
@@ -506,7 +508,7 @@ def _new(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from harness import contract
+    from harness.catalogue import contract
 
     problems = contract.check(Path(args.scenarios), _project_catalogue(args))
     for problem in problems:
@@ -525,7 +527,8 @@ def _diagnose(args: argparse.Namespace) -> int:
     regression, an fp32 reference that diverged) or could not keep it."""
     import shutil
 
-    from harness import devices, diagnose, diagnoses
+    from harness.lab import devices, diagnose
+    from harness.reports import diagnoses
 
     found = diagnose.diagnose(
         args.factory, devices.resolve(args.device, "--device"), steps=args.steps, lr=args.lr,
@@ -673,7 +676,7 @@ def parser() -> argparse.ArgumentParser:
     diag.add_argument(
         "factory",
         metavar="MODULE:FUNCTION",
-        help="a function returning (model, batches, loss), e.g. harness.diagnose_examples:mlp "
+        help="a function returning (model, batches, loss), e.g. harness.lab.diagnose_examples:mlp "
         "(docs/diagnose.md)",
     )
     diag.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")

@@ -24,25 +24,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import (
-    baseline,
-    claims,
-    compare,
-    devices,
-    environments,
-    fingerprint,
-    isolation,
-    shown,
-    stopsignals,
-    warned,
-)
-from harness.claims import catalogue, unknown_ids
-from harness.errors import HarnessError
-from harness.journal import JOURNAL_NAME, Journal
-from harness.record import Record
-from harness.table import cap, render, summary
-from harness.tracking import DEFAULT_EXPERIMENT, MlflowSink, Running, redact, resolve_uri
-from harness.verdicts import CAPABILITY_REGRESSION
+from harness.catalogue import claims
+from harness.catalogue.claims import catalogue, unknown_ids
+from harness.catalogue.verdicts import CAPABILITY_REGRESSION
+from harness.common import shown
+from harness.common.errors import HarnessError
+from harness.lab import devices
+from harness.records import environments, fingerprint, isolation, stopsignals, warned
+from harness.records.journal import JOURNAL_NAME, Journal
+from harness.records.record import Record
+from harness.records.tracking import DEFAULT_EXPERIMENT, MlflowSink, Running, redact, resolve_uri
+from harness.reports import baseline, compare
+from harness.reports.table import cap, render, summary
 
 WORKER_FLAG = "--amp-worker-output"
 _STATE = pytest.StashKey["AmpSession"]()
@@ -577,7 +570,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
     """Torch's warnings during a scenario are kept with its record, not made errors
-    (harness.warned says why and which warnings count as torch's)."""
+    (harness.records.warned says why and which warnings count as torch's)."""
     if _RECORD not in item.stash:
         return (yield)
     kept: list[str] = []

@@ -3,7 +3,7 @@
 Claims: AMP-FWD-FP16, AMP-BWD-FP16, AMP-MASTER-FP32, AMP-AUTO-DTYPE, AMP-NORM-FP32,
 API-DEPRECATED.
 
-Shown with harness.probes (forward and gradient hooks, a log of the aten ops) on a small probe
+Shown with harness.lab.probes (forward and gradient hooks, a log of the aten ops) on a small probe
 model, a table of single ops, and a log of the casts autocast makes:
 - the forward pass is not all fp16: matmuls are, the loss (and on CUDA the ops on the fp32 list:
   layer_norm, softmax, exp, ...) is fp32;
@@ -15,7 +15,7 @@ model, a table of single ops, and a log of the casts autocast makes:
 - no norm op is promoted on the CPU; on CUDA layer_norm and group_norm are, batch_norm is not
   (fp16 output, fp32 weights and running statistics); rms_norm is recorded beside them: on
   CUDA's fp32 list from torch 2.12, and on the CPU an nn.RMSNorm with fp32 weight returns
-  float32 before torch 2.7, float16 since (harness.releases);
+  float32 before torch 2.7, float16 since (harness.lab.releases);
 - the article's `torch.cuda.amp` API works but warns, and its GradScaler silently disables
   itself where there is no CUDA.
 """
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness import probes, recipes, releases
+from harness.lab import probes, recipes, releases
 
 F16, F32 = torch.float16, torch.float32
 
@@ -99,8 +99,8 @@ class _Observed:
 
 def _observe(recipe: str, amp_device) -> _Observed:
     """One forward (under the recipe's autocast, if any) and backward of the probe model: each
-    module's output dtype and the dtype of the gradient reaching it (harness.probes.outputs),
-    and the aten ops backward ran (harness.probes.OpLog)."""
+    module's output dtype and the dtype of the gradient reaching it (harness.lab.probes.outputs),
+    and the aten ops backward ran (harness.lab.probes.OpLog)."""
     loss_fn = nn.MSELoss()
     with recipes.get(recipe).bind(amp_device) as precision:
         model = precision.prepare(_probe_model())
@@ -542,7 +542,7 @@ def _running_var_error(bn: nn.BatchNorm1d, fed: torch.Tensor) -> float:
 # recorded on every run, so that the ledger shows the change across releases, and asserted on
 # every device (_rms_norm_predicted). On CUDA the change has been read about, not yet measured
 # on both sides: a GPU run that disagrees is the measurement that makes it an entry of
-# harness.releases.
+# harness.lab.releases.
 _RMS_NORM_CUDA_FP32_SINCE = "2.12"
 RMS_NORM_OUTPUT = "rms-norm-mixed-dtype-output"
 
@@ -733,11 +733,11 @@ def test_article_api_is_deprecated(record, amp_device):
         f"CUDA is available ({cuda}), got {enabled}"
     )
     # A removal is a change across releases like any other: predicted nowhere yet, it fails
-    # here (the verdict above stands), to be measured and entered in harness.releases.
+    # here (the verdict above stands), to be measured and entered in harness.lab.releases.
     assert article is not None, (
         f"API-DEPRECATED: predicted the article's torch.cuda.amp.autocast and GradScaler "
         f"present and deprecated (measured on torch 2.4.1 to 2.14.1); torch {torch.__version__} "
-        f"removed them: record the release in harness.releases and predict per release"
+        f"removed them: record the release in harness.lab.releases and predict per release"
     )
     assert len(old_future) == 2, (
         f"API-DEPRECATED: predicted a FutureWarning from each of torch.cuda.amp.autocast and "

@@ -1,7 +1,7 @@
 """bfloat16 beyond the article: BF16-NO-SCALER, BF16-MASTER-WEIGHTS, BF16-RANGE-PRECISION.
 
-The built-in bf16 catalogue (harness/claims_bf16.toml), each claim measured on the session's
-device in seconds:
+The built-in bf16 catalogue (harness/catalogue/claims_bf16.toml), each claim measured on the
+session's device in seconds:
 - small gradients (the loss multiplied by 2**-16, as late in training) survive bf16 autocast
   without any loss scaling, while fp16 autocast without a GradScaler flushes most gradient
   entries to zero; the GradScaler (the fp16 fix) keeps them: the fraction of zeroed gradient
@@ -20,10 +20,10 @@ import math
 import pytest
 import torch
 
-from harness import models, probes, recipes
-from harness.data import make_task
-from harness.formats import measure_format
-from harness.train import train
+from harness.lab import models, probes, recipes
+from harness.lab.data import make_task
+from harness.lab.formats import measure_format
+from harness.lab.train import train
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 

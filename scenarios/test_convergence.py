@@ -2,8 +2,8 @@
 HDL-ACCURACY)
 
 The same model, seed and batches are trained in fp32, amp-fp16 and amp-bf16, so each seed gives
-a paired sample (harness.stats.paired_difference) of AMP minus fp32. Three seeds, or six where
-three show a difference without spread (harness.stats: three equal pairs decide nothing):
+a paired sample (harness.lab.stats.paired_difference) of AMP minus fp32. Three seeds, or six where
+three show a difference without spread (harness.lab.stats: three equal pairs decide nothing):
 - PIT4-SMALL-CONVERGENCE: a tiny MLP, CNN and transformer on their synthetic tasks; the steps
   to reach a target training loss and the final validation accuracy. Known (Micikevicius 2018):
   no slowdown. The article says precision loss *can* slow small models: no slowdown in the three
@@ -25,18 +25,18 @@ import numpy as np
 import pytest
 import torch
 
-from harness import devices, models, recipes
-from harness.data import Task, make_task
-from harness.figures import training_curves
-from harness.record import Record
-from harness.stats import Difference, paired_difference, pairs_without_spread
-from harness.train import History, evaluate, train
+from harness.lab import devices, models, recipes
+from harness.lab.data import Task, make_task
+from harness.lab.figures import training_curves
+from harness.lab.stats import Difference, paired_difference, pairs_without_spread
+from harness.lab.train import History, evaluate, train
+from harness.records.record import Record
 
 # Each seed fixes the initial weights and the batches, in every recipe. A setup trains on the
 # first FIRST_SEEDS. Where a difference it is judged by shows no spread over them (each seed took
 # the same steps in both recipes, or reached the same accuracy: integers, and multiples of
 # 100/val_size points), three pairs cannot decide it, and the setup trains on all SEEDS, as many
-# as the distribution-free interval of the median needs (harness.stats). Only the spread adds
+# as the distribution-free interval of the median needs (harness.lab.stats). Only the spread adds
 # seeds, never the side of a margin the mean lies on, so the verdict does not choose its sample.
 FIRST_SEEDS = 3
 SEEDS = tuple(range(pairs_without_spread()))  # 6 at 95%
@@ -145,7 +145,7 @@ def _smoothed(losses: np.ndarray) -> np.ndarray:
 def _steps_to_target(run: Run, target: float) -> float:
     """Where the smoothed loss crosses the target, interpolated between the two steps around
     the crossing: whole steps would make two recipes that cross within the same step equal on
-    every seed, a difference without spread that three seeds cannot decide (harness.stats)."""
+    every seed, a difference without spread that three seeds cannot decide (harness.lab.stats)."""
     smoothed = _smoothed(run.losses)
     reached = np.flatnonzero(smoothed <= target)
     if not reached.size:

@@ -33,11 +33,11 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from harness import devices, releases
-from harness.distributed import RankContext, run_ranks
+from harness.lab import devices, releases
+from harness.lab.distributed import RankContext, run_ranks
 
 WORLD_SIZES = (2, 4)
-# FSDP2 runs on CPU (gloo) ranks from the release harness.devices.EXPECTED names (2.7): before
+# FSDP2 runs on CPU (gloo) ranks from the release harness.lab.devices.EXPECTED names (2.7): before
 # it the rehearsal is a skip with that reason; from it on, FSDP2 missing in the ranks is a
 # capability regression and one that fails is a failure.
 FSDP2_ON_CPU = devices.EXPECTED[("cpu", "fsdp2")]

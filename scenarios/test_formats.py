@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.formats import INT_VIEW, Format, measure_format
+from harness.lab.formats import INT_VIEW, Format, measure_format
 
 ARTICLE_BITS = {torch.float16: (5, 10), torch.float32: (8, 23)}  # (exponent, mantissa)
 LOSS_SCALE = 65536.0  # GradScaler's default init_scale

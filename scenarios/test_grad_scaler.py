@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness import recipes
+from harness.lab import recipes
 
 LR = 2.0**-4
 TINY = 2.0**-28  # loss = TINY * sum(outputs): a gradient below fp16's 2**-25 round-to-zero bound

@@ -11,7 +11,7 @@ gradient norm (PIT1-EXPLOSION, NUM-OVERFLOW, PRACTICE-SMOKE, PIT1-GRADNORM).
   every recipe. Without a scaler (amp-fp16-noscaler, half) the overflow reaches the parameters
   and the loss goes inf/NaN; with the scaler every overflowing step is skipped and the
   parameters stay finite (the NaN loss left under the scaler is a forward overflow).
-- The article's early warning, as a user can run it (harness.smoke): each run judged from its
+- The article's early warning, as a user can run it (harness.lab.smoke): each run judged from its
   own first steps alone (grad norm after unscaling > 10x their median, or skips that persist;
   a lone skip is calibration). It warns the exploding run 4 steps before its loss diverges and
   raises no alarm on the healthy one (negative control).
@@ -31,11 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness import probes, recipes, smoke
-from harness.data import Task, make_task
-from harness.figures import training_curves
-from harness.models import build
-from harness.train import History, evaluate, train
+from harness.lab import probes, recipes, smoke
+from harness.lab.data import Task, make_task
+from harness.lab.figures import training_curves
+from harness.lab.models import build
+from harness.lab.train import History, evaluate, train
 
 FP16_MAX = 65504.0  # torch.finfo(torch.float16).max
 INIT_SCALE = 65536.0  # GradScaler's default init_scale
@@ -273,7 +273,7 @@ def _sgd_run(amp_device, recipe: str, lr: float) -> _Run:
 
 
 def _alarm(run: _Run) -> smoke.Alarm | None:
-    """What a user watching this run alone is warned of (harness.smoke: its own first steps)."""
+    """What a user watching this run alone is warned of (harness.lab.smoke: its own first steps)."""
     return smoke.first_alarm(run.history.grad_norm, run.history.skipped)
 
 

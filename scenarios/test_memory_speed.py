@@ -1,11 +1,11 @@
 """The headline gains on a GPT-style transformer: memory (HDL-MEMORY) and speed (HDL-SPEED).
 
-One training step (forward, backward, fused AdamW) of harness.models' transformer through the
+One training step (forward, backward, fused AdamW) of harness.lab.models' transformer through the
 recipes' verbs, bare (speedups.training_step: no gradient norm, no scale read, no .item()), after
 a warm-up that has created AdamW's state (a step GradScaler skipped would create it later).
 - HDL-MEMORY (article: a 7B model needs 24 GB in FP32 and 14 GB with AMP, -40%). On any device:
   the static bytes (weights, gradients, AdamW state) after a real step of a small transformer
-  under fp32, amp-fp16 and half, held byte for byte against harness.memory_model, then its exact
+  under fp32, amp-fp16 and half, held byte for byte against harness.lab.memory_model, then its exact
   arithmetic at 7B: 16 bytes/param with or without autocast, ~108 GB at 6.7e9 parameters, a
   lower bound of the peak that alone refutes 24 -> 14 GB, whatever the activations add. On CUDA:
   the peak allocated bytes of one step, in a pass of its own, per recipe (fp32, amp-fp16,
@@ -36,9 +36,9 @@ from matplotlib.figure import Figure
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness import measure, memory_model, models, recipes, speedups
-from harness.measure import Ratio
-from harness.memory_model import GB, Breakdown
+from harness.lab import measure, memory_model, models, recipes, speedups
+from harness.lab.measure import Ratio
+from harness.lab.memory_model import GB, Breakdown
 
 # Timings and peaks: they refuse to share the GPU with other pytest-xdist workers.
 pytestmark = pytest.mark.timing
@@ -88,7 +88,7 @@ ARTICLE_FP32, ARTICLE_AMP, ARTICLE_SAVING = 24 * GB, 14 * GB, 0.40
 TOTAL_MATCH = 0.25  # a predicted 7B total within 25% of the article's counts as its number
 SAVING_MATCH = 0.10  # a predicted saving within 10 points of 40% counts as the article's
 # The CPU's share: one real AdamW step of a small transformer per recipe, its static bytes held
-# byte for byte against harness.memory_model, then the model's exact arithmetic at 7B.
+# byte for byte against harness.lab.memory_model, then the model's exact arithmetic at 7B.
 STATIC_RECIPES = ("fp32", "amp-fp16", "half")
 STATIC_WIDTH, STATIC_OPTIONS = 64, {"layers": 2, "vocab": 256, "seq_len": 32}
 

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness import figures, models, recipes, releases
-from harness.data import Task, make_task
-from harness.train import History, evaluate, train
+from harness.lab import figures, models, recipes, releases
+from harness.lab.data import Task, make_task
+from harness.lab.train import History, evaluate, train
 
 F16, F32 = torch.float16, torch.float32
 FP16_ROUNDS_TO_INF = 65520.0  # fp16 max 65504 plus half a spacing (32): from here on, inf
@@ -53,7 +53,7 @@ def _level(error: float) -> str:
 # --- BatchNorm statistics ------------------------------------------------------------------
 
 # Input std swept across sqrt(65504) ~ 255.9, and across sqrt(65504 / 31) ~ 46.0 where the
-# batch variance of 32 samples is accumulated in fp16 (harness.releases).
+# batch variance of 32 samples is accumulated in fp16 (harness.lab.releases).
 STDS = (32, 45, 47, 64, 128, 256, 257, 512, 1024)
 BN_STEPS = 100
 BN_FIXES = ("autocast", "half-bn-fp32")
@@ -112,7 +112,7 @@ def _bn_run(config: str, x16: torch.Tensor, steps: int = BN_STEPS) -> _BNRun:
         return _BNRun(first_inf, bn.running_var.detach().clone(), bn(x), trace)
 
 
-HALF_BN_VARIANCE = "half-batchnorm-cpu-variance"  # the change in harness.releases
+HALF_BN_VARIANCE = "half-batchnorm-cpu-variance"  # the change in harness.lab.releases
 
 
 def _step(first_inf: int | None) -> str:
@@ -124,7 +124,7 @@ def _predicted_first_inf(
 ) -> int | None:
     """The first step at which running_var = (1 - m) running_var + m batch_var (unbiased,
     computed in fp32 and stored in fp16, from 1.0) rounds to inf in some channel. Before the
-    release harness.releases names (`side` BEFORE, CPU), the batch variance's sum of squared
+    release harness.lab.releases names (`side` BEFORE, CPU), the batch variance's sum of squared
     deviations is accumulated in fp16 itself: inf at the first step once that sum overflows."""
     deviations = x16.double() - x16.double().mean(0)
     if side == releases.BEFORE and bool((deviations.pow(2).sum(0) >= FP16_ROUNDS_TO_INF).any()):
@@ -206,7 +206,7 @@ def test_half_batchnorm_overflows_above_std_256(record, amp_device):
     batches = {std: _bn_batch(std, device) for std in STDS}
     ref = {std: _bn_run("fp32", x) for std, x in batches.items()}
     half = {std: _bn_run("half", x) for std, x in batches.items()}
-    # Which accumulation this release and device are known to use (harness.releases).
+    # Which accumulation this release and device are known to use (harness.lab.releases).
     side = releases.behaviour(HALF_BN_VARIANCE, device.type)
     predicted = {
         std: _predicted_first_inf(x, momentum, BN_STEPS, side) for std, x in batches.items()
@@ -240,7 +240,7 @@ def test_half_batchnorm_overflows_above_std_256(record, amp_device):
     )
     overflowed = [std for std in STDS if half[std].first_inf is not None]
     stayed = [std for std in STDS if half[std].first_inf is None]
-    # Key metrics: the ledger holds them side by side across releases (harness.releases).
+    # Key metrics: the ledger holds them side by side across releases (harness.lab.releases).
     record.key_metric(
         **{
             "bn/half_highest_finite_std": max(stayed, default=0),

@@ -1,14 +1,14 @@
 """How much faster is half precision on this GPU? FMT-SPEED, PIT4-SMALL-NO-GAIN, PIT4-ONLY-ABOVE-1B.
 
-CUDA only. Every comparison is interleaved in one process (harness.measure.compare) and decided
+CUDA only. Every comparison is interleaved in one process (harness.lab.measure.compare) and decided
 only by its interval; "fp32" is the fp32 recipe, TF32 off (recorded), "tf32" the one with it on.
 Every comparison a verdict rests on has an A/A control, one arm timed twice: where it tells the
 identical arms apart the test fails on it; where its interval reaches past the 1.1x a clear gain
 is decided at, the verdicts resting on that comparison are inconclusive and its predictions are
-not asserted (harness.speedups.control_state).
+not asserted (harness.lab.speedups.control_state).
 - FMT-SPEED: matmul throughput (8192 x 8192 x 8192, random inputs) in fp32, tf32, fp16, bf16 and,
   where the GPU and torch have it, fp8 (torch._scaled_mm): achieved TFLOP/s, the fraction of
-  the datasheet peak (harness.gpus), and the two ratios the article's "about 2-8x" can mean,
+  the datasheet peak (harness.lab.gpus), and the two ratios the article's "about 2-8x" can mean,
   fp16 over strict fp32 (~15x at peak on A100/H100/H200; the one the article means) and over
   TF32 (2x at peak), each held against 2-8x with its edges widened by 25% (1.6-10x:
   `verdict_fmt_speed`). A/A control: the fp16 matmul timed twice (the shortest arm, the noisiest
@@ -35,14 +35,14 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from harness import measure, models, recipes, speedups, tf32
-from harness.measure import Comparison, Ratio
-from harness.models import TOLERANCE
+from harness.lab import measure, models, recipes, speedups, tf32
+from harness.lab.measure import Comparison, Ratio
+from harness.lab.models import TOLERANCE
 
 # Timings and peaks: they refuse to share the GPU with other pytest-xdist workers.
 pytestmark = pytest.mark.timing
 
-# --- decisions from measured speed-ups: pure functions, tested on the CPU by tests/test_gpus.py
+# --- decisions from measured speed-ups: pure functions, tested on the CPU by tests/lab/test_gpus.py
 
 
 def size_label(params: float) -> str:
@@ -357,7 +357,7 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
     gpu = found.spec if found and found.sure else None
     how = found.how if found else "the CPU has no datasheet entry"
     # fp8 is timed where the GPU and torch have it; expected there (sm_89+) and broken, the
-    # test fails as a capability regression (harness.devices.EXPECTED).
+    # test fails as a capability regression (harness.lab.devices.EXPECTED).
     fp8_lack = amp_device.optional("fp8_matmul")
     fp8_reason = str(fp8_lack) if fp8_lack else None
     # TF32 likewise: a GPU without it (V100, T4) is compared against strict fp32 alone.
@@ -477,7 +477,7 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
 
 THRESHOLD = 1.1  # a clear gain: the speed-up's interval lies wholly above it
 # The GPT-style transformer, 4 layers: 1M to 1B parameters by the width alone (56 to 4416),
-# every attention head a multiple of 8 wide (56 at 1M, 64 from 10M on: harness.models), so that
+# every attention head a multiple of 8 wide (56 at 1M, 64 from 10M on: harness.lab.models), so that
 # no size falls back to slower attention kernels. 16 x 256 = 4096 tokens a step: a 1B step takes
 # ~0.5 s in strict fp32 on an H200 and well under 0.1 s in AMP. Fused AdamW in every arm: with
 # it GradScaler's inf check stays on the GPU; with the default one it reads it back every step.
@@ -488,9 +488,9 @@ LR = 1e-4
 @dataclass(frozen=True)
 class Size:
     label: str
-    params: int  # the target; the model is within harness.models.TOLERANCE of it
+    params: int  # the target; the model is within harness.lab.models.TOLERANCE of it
     rounds: int  # interleaved rounds: many where a step is short and noisy, fewer where long,
-    # never under measure.min_rounds() (tests/test_gpu_budget.py checks)
+    # never under measure.min_rounds() (tests/sensitivity/test_gpu_budget.py checks)
     warmup: int
 
 
@@ -580,7 +580,7 @@ def _model_tflops(params: int, tokens: int, comparison: Comparison, arm: str) ->
 
 def _heads_note(plans: dict[str, models.Plan]) -> str:
     """The attention head sizes of the sweep, for the evidence; where one is not a multiple of
-    8, why (no width within harness.models.TOLERANCE of the target allowed one)."""
+    8, why (no width within harness.lab.models.TOLERANCE of the target allowed one)."""
     sizes = {label: models.head_size(plan) for label, plan in plans.items()}
     said = ", ".join(f"{size} at {label}" for label, size in sizes.items())
     odd = [label for label, size in sizes.items() if size % models.HEAD_MULTIPLE]

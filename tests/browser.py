@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from servers import free_port
 
-from harness.tracking import ui_url
+from harness.records.tracking import ui_url
 
 CHROMIUM = shutil.which("chromium") or next(
     (p for p in ("/usr/bin/chromium",) if Path(p).exists()), None

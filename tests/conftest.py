@@ -27,7 +27,7 @@ try:
 except ImportError:  # an offline GPU runner without the wheelhouse: scripts/gpu-check --no-mlflow
     pass
 
-from harness import devices
+from harness.lab import devices
 
 pytest_plugins = ["pytester"]
 
@@ -115,9 +115,9 @@ def assert_fails_naming(
 
 def half_in_larger_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the `half` recipe's fp16 parameters views of buffers twice their size: their dtype
-    and shape say 2 bytes a value, their storages hold 4 (what harness.measure.state_bytes
+    and shape say 2 bytes a value, their storages hold 4 (what harness.lab.measure.state_bytes
     reads), as if fp16 saved no memory."""
-    from harness import recipes
+    from harness.lab import recipes
 
     prepare = recipes.Precision.prepare
 
@@ -134,10 +134,10 @@ def half_in_larger_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def predict_as_before_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make every harness.releases change predict its old behaviour, as on a release before
+    """Make every harness.lab.releases change predict its old behaviour, as on a release before
     it: on this torch, which has today's, the scenario predicting per release must then fail
     (an unexpected result still fails)."""
-    from harness import releases
+    from harness.lab import releases
 
     monkeypatch.setattr(releases, "behaviour", lambda *_args, **_kw: releases.BEFORE)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from sessions import CPU
 
-from harness.claims import catalogue
-from harness.record import Record, Verdict
+from harness.catalogue.claims import catalogue
+from harness.records.record import Record, Verdict
 
 TESTS = 48  # records per session: the CPU suite's size
 

@@ -17,7 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from harness.stopsignals import end_with_parent
+from harness.records.stopsignals import end_with_parent
 
 
 def free_port() -> int:

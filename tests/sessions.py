@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.record import Record
-from harness.tracking import MlflowSink
+from harness.records.record import Record
+from harness.records.tracking import MlflowSink
 
 CPU = {
     "device": "cpu", "gpu_name": "n/a", "gpu_count": "0", "compute_capability": "n/a",

@@ -1,5 +1,5 @@
 """Models nobody here wrote, and engineered failures, for the truth benchmark of `amp-harness
-diagnose` (tests/test_diagnose_truth.py, scripts/diagnose-truth, docs/diagnose.md's table).
+diagnose` (tests/lab/test_diagnose_truth.py, scripts/diagnose-truth, docs/diagnose.md's table).
 
 Every model is random-init and small; nothing is downloaded. The architectures come from
 transformers (GPT-2, BERT, T5) and, where it imports beside this torch, torchvision (resnet18);
@@ -14,9 +14,9 @@ the failures are real components with weights or data set the way they go wrong 
 | `tiny_grad` | a loss multiplied by 1e-6: gradients fp16 flushes to zero without scaling |
 | `bn_raw` | BatchNorm on raw inputs (std 1000): its running variance leaves fp16's range |
 | `healthy` | a small MLP nothing troubles: the control |
-| `fragile`, `mlp` | the harness's own (harness.diagnose_examples) |
+| `fragile`, `mlp` | the harness's own (harness.lab.diagnose_examples) |
 
-Each factory returns a harness.diagnose.Subject over endless batches of a synthetic task drawn
+Each factory returns a harness.lab.diagnose.Subject over endless batches of a synthetic task drawn
 from a fixed seed.
 """
 
@@ -28,8 +28,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from harness import diagnose_examples
-from harness.diagnose import Subject
+from harness.lab import diagnose_examples
+from harness.lab.diagnose import Subject
 
 VOCAB, LENGTH, BATCH = 128, 16, 16
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None

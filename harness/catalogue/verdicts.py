@@ -1,0 +1,151 @@
+"""What a recorded verdict is worth once its test's outcome is known, and one claim's verdict
+across several tests: one written rule, used alike by the verdict table, `amp-harness list`, the
+report, baselines and comparisons.
+
+One test, one claim. A verdict stands only when its test passed. Otherwise the outcome is shown
+with it and voids it:
+- the test skipped: `skipped`, its reason as the evidence;
+- a capability this build and hardware should have was missing: `capability regression`;
+- the test failed, errored or was interrupted: `failed (was: partly)` where it had recorded
+  `partly` before failing, `failed (no verdict)` where it had recorded nothing.
+
+One claim, several tests (the rule, in order):
+1. A failure is never hidden: any test failed -> `failed (1 of 3 tests)`; else any capability
+   regression -> `capability regression (1 of 3 tests)`. With one test, its own status:
+   `failed (was: partly)`.
+2. Decided beats skipped: the verdicts that stand, if they all agree -> that verdict.
+3. Disagreement is shown: verdicts that stand but differ -> `mixed (partly, refuted)`.
+4. Only skips -> `skipped`. No test at all -> no verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+DECIDED = ("confirmed", "refuted", "partly", "inconclusive")
+CAPABILITY_REGRESSION = "capability-regression"  # a record's outcome, beside pytest's
+# Each kind of status, in the order rule 1 ranks them.
+FAILED, REGRESSION, DECIDED_KIND, SKIPPED = "failed", "capability regression", "decided", "skipped"
+
+
+@dataclass(frozen=True)
+class Status:
+    """One test's verdict on one claim, as it counts."""
+
+    kind: str  # FAILED, REGRESSION, DECIDED_KIND or SKIPPED
+    label: str  # what is shown: "partly", "skipped", "failed (was: partly)", ...
+    recorded: str | None  # the verdict the test recorded, whatever its outcome
+    evidence: str  # the recorded evidence, or why there is none that counts
+    test: str = ""
+    device: str = ""  # the device the test ran on, where known
+
+    @property
+    def stands(self) -> bool:
+        return self.kind == DECIDED_KIND
+
+
+def status(
+    recorded: str | None, evidence: str, outcome: str, message: str = "", test: str = ""
+) -> Status:
+    """How the verdict `recorded` (None: none) of a test that ended `outcome` counts."""
+    if outcome == "passed" and recorded in DECIDED:
+        return Status(DECIDED_KIND, recorded, recorded, evidence, test)
+    if outcome == "skipped" or (outcome == "passed" and recorded == "skipped"):
+        return Status(SKIPPED, "skipped", recorded, evidence or message, test)
+    if outcome == CAPABILITY_REGRESSION:
+        return Status(REGRESSION, REGRESSION, recorded, message, test)
+    word = "interrupted" if outcome == "interrupted" else "failed"
+    if recorded is None or outcome == "passed":  # passed without deciding: the plugin fails it
+        return Status(FAILED, f"{word} (no verdict)", recorded, f"test {outcome}: {message}", test)
+    return Status(
+        FAILED,
+        f"{word} (was: {recorded})",
+        recorded,
+        f"test {outcome}: {message}; recorded before that: {evidence}",
+        test,
+    )
+
+
+def from_label(label: str, stands: bool, evidence: str, test: str = "") -> Status:
+    """A status as a summary (harness.reports.baseline) keeps it: its label and whether it
+    stands."""
+    if stands:
+        kind = DECIDED_KIND
+    elif label.startswith(("failed", "interrupted")):
+        kind = FAILED
+    else:
+        kind = REGRESSION if label == REGRESSION else SKIPPED
+    return Status(kind, label, label if stands else None, evidence, test)
+
+
+def of_record(record) -> dict[str, Status]:
+    """Each declared claim's status in one harness.records.record.Record."""
+    out = {}
+    for claim in record.claims:
+        verdict = record.verdicts.get(claim)
+        found = status(
+            verdict.verdict if verdict else None,
+            verdict.evidence if verdict else "",
+            record.outcome,
+            record.message,
+            record.test,
+        )
+        out[claim] = dataclasses.replace(found, device=record.device)
+    return out
+
+
+@dataclass(frozen=True)
+class ClaimVerdict:
+    """One claim's verdict across the tests that check it, by the rule above."""
+
+    label: str  # "refuted", "mixed (partly, refuted)", "failed", "skipped", ...
+    kind: str  # the kind of status that decided the label ("decided" also for mixed)
+    statuses: tuple[Status, ...]
+
+    @property
+    def stands(self) -> bool:
+        """Decided by tests that all passed: a verdict a baseline may hold as valid."""
+        return self.kind == DECIDED_KIND
+
+    @property
+    def device(self) -> str:
+        """The devices its tests ran on."""
+        return "; ".join(dict.fromkeys(s.device for s in self.statuses))
+
+    @property
+    def evidence(self) -> str:
+        """One test's evidence; with several, a line per test naming it and its status."""
+        if len(self.statuses) == 1:
+            return self.statuses[0].evidence
+        return "\n".join(
+            f"[{s.label}] {s.test.split('::')[-1]}: {s.evidence}" for s in self.statuses
+        )
+
+
+def aggregate(statuses: Iterable[Status]) -> ClaimVerdict | None:
+    statuses = tuple(statuses)
+    if not statuses:
+        return None
+    for kind in (FAILED, REGRESSION):  # rule 1
+        hit = [s for s in statuses if s.kind == kind]
+        if len(statuses) == 1 and hit:
+            return ClaimVerdict(hit[0].label, kind, statuses)
+        if hit:
+            return ClaimVerdict(f"{kind} ({len(hit)} of {len(statuses)} tests)", kind, statuses)
+    standing = sorted({s.label for s in statuses if s.stands}, key=DECIDED.index)
+    if len(standing) == 1:  # rule 2
+        return ClaimVerdict(standing[0], DECIDED_KIND, statuses)
+    if standing:  # rule 3
+        return ClaimVerdict(f"mixed ({', '.join(standing)})", DECIDED_KIND, statuses)
+    return ClaimVerdict(SKIPPED, SKIPPED, statuses)  # rule 4
+
+
+def by_claim(records) -> dict[str, ClaimVerdict]:
+    """Each claim's verdict across `records` (Record objects), in the order first seen."""
+    grouped: dict[str, list[Status]] = {}
+    for record in records:
+        for claim, found in of_record(record).items():
+            grouped.setdefault(claim, []).append(found)
+    return {claim: aggregate(found) for claim, found in grouped.items()}

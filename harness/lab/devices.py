@@ -1,0 +1,460 @@
+"""What this machine can do, probed at run time, and held against what this build and hardware
+are expected to have.
+
+Each capability a scenario needs (`@pytest.mark.requires(...)`) is, on the session's device:
+- present: its probe ran a tiny real case and saw it work;
+- absent: the hardware or the build genuinely lacks it (no GPU, a CPU-only wheel, a compute
+  capability or a torch release older than the feature): the test skips, and the reason says
+  which, so that a person can act on it;
+- a capability regression: EXPECTED says this build and hardware should have it, but the probe
+  saw otherwise, or raised. The test fails at setup, naming the capability, what the probe saw
+  and the claims it checks: a broken feature must never pass for a missing one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import inspect
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from harness.common.errors import HarnessError
+from harness.lab import releases, tf32
+from harness.lab.gpus import GpuFigures, Identified, identify
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+NVIDIA_DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one capability probe saw on this device."""
+
+    works: bool
+    saw: str  # in words: "autocast(cpu, bfloat16) made a Linear output float32"
+    error: str = ""  # the probe's traceback, when it raised
+
+    @property
+    def raised(self) -> bool:
+        return bool(self.error)
+
+
+def _run_probe(fn) -> Probe:
+    """Run a probe. A warning is what the probe saw (autocast's "...Disabling autocast" is how
+    an unsupported dtype answers), never a crash; anything raised is kept with its traceback."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            return fn()
+    except Warning as warning:
+        return Probe(False, f"it warned: {type(warning).__name__}: {warning}")
+    except Exception as exc:
+        return Probe(False, f"it raised {type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _probe_autocast(device: str, dtype: torch.dtype) -> Probe:
+    linear = torch.nn.Linear(4, 4).to(device)
+    with torch.autocast(device_type=device, dtype=dtype):
+        out = linear(torch.ones(2, 4, device=device)).dtype
+    return Probe(
+        out == dtype, f"under autocast({device}, {_dtype(dtype)}) a Linear output {_dtype(out)}"
+    )
+
+
+def _probe_grad_scaler(device: str) -> Probe:
+    enabled = torch.amp.GradScaler(device).is_enabled()
+    return Probe(enabled, f"torch.amp.GradScaler({device!r}).is_enabled() is {enabled}")
+
+
+def _probe_half_training(device: str) -> Probe:
+    """`model.half()` needs half kernels for linear, batch/layer norm, forward and backward."""
+    model = (
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.LayerNorm(4))
+        .to(device)
+        .half()
+    )
+    model(torch.ones(3, 4, device=device, dtype=torch.half)).sum().backward()
+    grad = model[0].weight.grad.dtype
+    return Probe(
+        grad == torch.half,
+        f"a .half() Linear-BatchNorm-LayerNorm trained with {_dtype(grad)} .grad",
+    )
+
+
+def _probe_tf32(device: str) -> Probe:
+    """TF32 rounds matmul inputs to 10 mantissa bits: with it allowed, an fp32 matmul's error
+    against float64 grows ~1000x. A flag that no longer changes the numbers is a broken TF32."""
+    if device != "cuda":
+        return Probe(False, "TF32 is an NVIDIA tensor-core format; this device is the CPU")
+    a = torch.randn(256, 256, device=device, generator=torch.Generator(device).manual_seed(0))
+    exact = a.double() @ a.double()
+    saved = tf32.tf32_settings()  # the new fp32_precision API where the build has it
+    errors = {}
+    try:
+        for allowed in (True, False):
+            tf32.set_tf32(allowed)
+            errors[allowed] = float(((a @ a).double() - exact).abs().max() / exact.abs().max())
+    finally:
+        tf32.restore_tf32(saved)
+    return Probe(
+        errors[True] > 8 * errors[False],
+        f"a 256x256 fp32 matmul's relative error was {errors[True]:.1e} with TF32 allowed and "
+        f"{errors[False]:.1e} without",
+    )
+
+
+def _probe_fp8_matmul(device: str) -> Probe:
+    """torch._scaled_mm on float8_e4m3fn ones, as scenarios/test_speed.py times it: unit scales,
+    the second operand column-major (cuBLASLt's layout), bfloat16 out; 32 is the exact answer."""
+    if device != "cuda":
+        return Probe(False, "fp8 GEMMs are timed on CUDA (cuBLASLt) only; this device is the CPU")
+    if not hasattr(torch, "_scaled_mm"):
+        return Probe(False, f"torch {torch.__version__} has no torch._scaled_mm")
+    ones = torch.ones(32, 32, device=device).to(torch.float8_e4m3fn)
+    unit = torch.ones((), device=device)
+    out = torch._scaled_mm(
+        ones, ones.t().contiguous().t(), scale_a=unit, scale_b=unit, out_dtype=torch.bfloat16
+    )
+    value = float(out[0, 0])
+    return Probe(
+        out.dtype == torch.bfloat16 and value == 32.0,
+        f"torch._scaled_mm of two 32x32 float8_e4m3fn matrices of ones gave {value:g} in "
+        f"{_dtype(out.dtype)} (exact: 32 in bfloat16)",
+    )
+
+
+def _probe_gloo(device: str) -> Probe:
+    """The distributed scenarios rehearse on gloo ranks on the CPU, whatever the session's
+    device: gloo is part of every Linux, macOS and Windows wheel torch publishes."""
+    import torch.distributed as dist
+
+    works = dist.is_available() and dist.is_gloo_available()
+    return Probe(
+        works, f"torch.distributed.is_available() and is_gloo_available() answered {works}"
+    )
+
+
+def _probe_fsdp2(device: str) -> Probe:
+    """FSDP2's public names, imported as a rank imports them. Whether it then runs on this
+    device's ranks is for the experiment to show: a rank reports its own probe and the scenario
+    judges it here (`DeviceInfo.optional(need, seen)`), by the same table."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: F401
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler  # noqa: F401
+    except ImportError as exc:
+        return Probe(False, f"importing FSDP2's public names raised ImportError: {exc}")
+    return Probe(
+        True, "torch.distributed.fsdp has fully_shard, MixedPrecisionPolicy, ShardedGradScaler"
+    )
+
+
+PROBES = {
+    "fp16_autocast": lambda device: _probe_autocast(device, torch.float16),
+    "bf16_autocast": lambda device: _probe_autocast(device, torch.bfloat16),
+    "grad_scaler": _probe_grad_scaler,
+    "half_training": _probe_half_training,
+    "tf32": _probe_tf32,
+    "fp8_matmul": _probe_fp8_matmul,
+    "gloo": _probe_gloo,
+    "fsdp2": _probe_fsdp2,
+}
+
+CAPABILITY_TEXT = {
+    "cuda": "CUDA",
+    "fp16_autocast": "float16 autocast",
+    "bf16_autocast": "bfloat16 autocast",
+    "grad_scaler": "a working torch.amp.GradScaler for this device",
+    "half_training": "float16 kernels to train a .half() model (linear, batch and layer norm)",
+    "tf32": "TF32 tensor cores (an NVIDIA GPU of compute capability 8.0 or newer)",
+    "fp8_matmul": "an fp8 matmul (torch._scaled_mm on float8_e4m3fn, compute capability 8.9+)",
+    "gloo": "torch.distributed with gloo (the CPU ranks of the distributed scenarios)",
+    "fsdp2": "FSDP2 (fully_shard, MixedPrecisionPolicy, ShardedGradScaler) on gloo CPU ranks",
+}
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A capability this build and hardware should have: from `torch` on, and on CUDA from
+    compute capability `cc`. `source` says why it is expected."""
+
+    torch: tuple[int, int] = (2, 4)
+    cc: tuple[int, int] | None = None
+    source: str = ""
+
+
+# What a capability's absence means, per device type. Not listed: never expected there (TF32 on
+# the CPU), so its absence is a skip.
+EXPECTED: dict[tuple[str, str], Expected] = {
+    # Documented from 2.5, but it works in 2.4 (every fp16-autocast scenario passed on 2.4.1:
+    # reports/baselines/), and tests/lab/test_capabilities.py holds each row to the baselines.
+    ("cpu", "fp16_autocast"): Expected(source="CPU autocast ran float16 in torch 2.4.1"),
+    ("cpu", "bf16_autocast"): Expected(source="CPU autocast has run bfloat16 since torch 1.10"),
+    ("cpu", "grad_scaler"): Expected(source='torch.amp.GradScaler("cpu") exists since torch 2.3'),
+    ("cpu", "half_training"): Expected(
+        source="torch 2.4 ships float16 CPU kernels for linear, batch_norm and layer_norm"
+    ),
+    ("cpu", "gloo"): Expected(source="every torch wheel for Linux, macOS and Windows has gloo"),
+    ("cpu", "fsdp2"): Expected(
+        (2, 7),
+        source="FSDP2 runs on gloo CPU ranks from torch 2.7 (2.6 made fully_shard public, but "
+        "its all-gather needs Stream.record_event, which 2.6's CPU stream lacks: measured "
+        "AttributeError on 2.6.0; it runs on 2.7.1, 2.9.1, 2.13.0 and 2.14.1)",
+    ),
+    ("cuda", "gloo"): Expected(source="every torch wheel for Linux and Windows has gloo"),
+    # The FSDP2 rehearsal runs on CPU ranks whatever the session's device: from 2.7, as there.
+    ("cuda", "fsdp2"): Expected((2, 7), source="FSDP2 runs on gloo CPU ranks from torch 2.7"),
+    ("cuda", "fp16_autocast"): Expected(source="float16 is CUDA autocast's default dtype"),
+    ("cuda", "grad_scaler"): Expected(source="torch.amp.GradScaler was made for CUDA"),
+    ("cuda", "half_training"): Expected(source="every CUDA GPU torch supports has fp16 kernels"),
+    ("cuda", "bf16_autocast"): Expected(
+        cc=(8, 0), source="bfloat16 tensor cores from Ampere (sm_80) on"
+    ),
+    ("cuda", "tf32"): Expected(cc=(8, 0), source="TF32 tensor cores from Ampere (sm_80) on"),
+    ("cuda", "fp8_matmul"): Expected(
+        (2, 5),
+        (8, 9),
+        "fp8 tensor cores from Ada and Hopper (sm_89, sm_90) on, with "
+        "torch._scaled_mm's single-tensor result from torch 2.5",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Lack:
+    """Why this device cannot run something. `regression`: it should be able to."""
+
+    capability: str
+    reason: str
+    regression: bool = False
+    error: str = ""  # the probe's traceback, when it raised
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class CapabilityRegression(HarnessError):
+    """A capability expected here is broken: raised inside a test that uses it where present
+    (DeviceInfo.optional); the plugin records the test as a capability regression."""
+
+    def __init__(self, lack: Lack):
+        self.lack = lack
+        super().__init__(lack.reason)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device a session runs its scenarios on, with its probed capabilities."""
+
+    type: str  # "cpu" or "cuda"
+    name: str  # "cpu" or the GPU's name
+    gpu_count: int
+    compute_capability: tuple[int, int] | None
+    capabilities: dict[str, Probe] = field(default_factory=dict, hash=False)  # hashable: a key
+    figures: GpuFigures | None = None  # a GPU's variant figures (gpus.identify); None on the CPU
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.type)
+
+    def missing(self, *needs: str, gpus: int = 0) -> Lack | None:
+        """Why this device cannot run something that needs `needs`, or None if it can."""
+        for need in needs:
+            if need not in CAPABILITY_TEXT:
+                raise HarnessError(
+                    f"unknown capability {need!r}: known are {', '.join(sorted(CAPABILITY_TEXT))}"
+                )
+            lack = self._cuda_lack() if need == "cuda" else self._lack(need)
+            if lack:
+                return lack
+        if gpus > self.gpu_count:
+            return Lack("gpus", f"needs {gpus} CUDA GPUs, found {self.gpu_count}")
+        return None
+
+    def optional(self, need: str, seen: Probe | None = None) -> Lack | None:
+        """For a capability a test uses only where present (test_speed's fp8 arm): None when
+        present, why not when genuinely absent; raises CapabilityRegression when expected here.
+        `seen`: what a probe run elsewhere saw (inside spawned ranks), judged by the same table:
+        a capability lost there must not pass for one missing."""
+        lack = self._lack(need, seen) if seen else self.missing(need)
+        if lack and lack.regression:
+            raise CapabilityRegression(lack)
+        return lack
+
+    def _cuda_lack(self) -> Lack | None:
+        if self.type == "cuda":
+            return None
+        if self.gpu_count:
+            return Lack(
+                "cuda", "needs CUDA: this session runs on the CPU (pass --amp-device cuda or auto)"
+            )
+        listed = _driver_gpus()
+        if torch.version.cuda and listed:  # the hardware and the build are there; CUDA is not
+            return Lack(
+                "cuda",
+                f"capability regression: CUDA: the NVIDIA driver lists {listed} GPU(s) and torch "
+                f"{torch.__version__} is built for CUDA {torch.version.cuda}, but "
+                "torch.cuda.is_available() is False (a driver/runtime mismatch?)",
+                regression=True,
+            )
+        return Lack("cuda", _no_cuda_reason())
+
+    def _lack(self, need: str, seen: Probe | None = None) -> Lack | None:
+        seen = seen or self.capabilities.get(need)
+        if seen is not None and seen.works:
+            return None
+        text = CAPABILITY_TEXT[need]
+        saw = seen.saw if seen else "not probed"
+        expected, why_not = self._expectation(need)
+        if expected is None:
+            return Lack(need, f"needs {text}: {why_not} ({saw})")
+        what = "the probe raised" if seen and seen.raised else "the probe says no"
+        return Lack(
+            need,
+            f"capability regression: {text} is expected on {self.describe()}, as "
+            f"{expected.source}; but {what}: {saw}",
+            regression=True,
+            error=seen.error if seen else "",
+        )
+
+    def _expectation(self, need: str) -> tuple[Expected | None, str]:
+        """(what EXPECTED says of `need` here, or None with why it is not expected)."""
+        expected = EXPECTED.get((self.type, need))
+        if expected is None:
+            return None, f"not expected on {self.describe()}"
+        if releases.release() < expected.torch:
+            release = ".".join(map(str, expected.torch))
+            return None, f"not in torch {torch.__version__}, expected from torch {release}"
+        if expected.cc and _rocm():
+            # ROCm reports no NVIDIA compute capability to hold the row to: which AMD GPUs have
+            # TF32, bf16 or fp8 is not in the table, so an absence is a skip that says so.
+            return None, (
+                f"{self.name} is a ROCm GPU: the table expects this from NVIDIA compute "
+                f"capability {expected.cc[0]}.{expected.cc[1]}, and holds no AMD architecture"
+            )
+        if expected.cc and (self.compute_capability or (0, 0)) < expected.cc:
+            major, minor = expected.cc
+            return None, f"{self.name} is older than compute capability {major}.{minor}"
+        return expected, ""
+
+    def datasheet(self) -> Identified | None:
+        """This GPU's entry in harness/lab/gpus.json, with how sure that is; None on the CPU."""
+        return identify(self.name, self.figures) if self.type == "cuda" else None
+
+    def describe(self) -> str:
+        if self.type == "cpu":
+            return f"cpu (torch {torch.__version__})"
+        major, minor = self.compute_capability or (0, 0)
+        return f"{self.name} (sm_{major}{minor}, torch {torch.__version__})"
+
+
+def _rocm() -> bool:
+    """A ROCm build answers as "cuda", but compute capabilities are NVIDIA's scale (an MI300
+    reports 9.4: it would pass for a Hopper)."""
+    return torch.version.hip is not None
+
+
+def _driver_gpus() -> int:
+    try:
+        return sum(1 for _ in NVIDIA_DRIVER_GPUS.iterdir())
+    except OSError:
+        return 0
+
+
+def _no_cuda_reason() -> str:
+    build = (
+        "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+    )
+    return f"needs CUDA: no GPU found (torch {torch.__version__} is {build})"
+
+
+@functools.cache
+def probe(device_type: str) -> DeviceInfo:
+    """Probe one device type once per process."""
+    gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device_type == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        name, cc = props.name, (props.major, props.minor)
+    else:
+        name, cc = "cpu", None
+    caps = {need: _run_probe(lambda fn=fn: fn(device_type)) for need, fn in PROBES.items()}
+    if device_type == "cuda" and caps["bf16_autocast"].works and not native_bf16():
+        # Autocast accepts bf16 on pre-Ampere GPUs and emulates it slowly: not the real thing.
+        caps["bf16_autocast"] = Probe(
+            False,
+            f"autocast ran bfloat16, emulated: sm_{cc[0]}{cc[1]} has no bfloat16 tensor cores "
+            "(torch.cuda.is_bf16_supported says no native support)",
+        )
+    figures = gpu_figures(0) if device_type == "cuda" else None
+    return DeviceInfo(device_type, name, gpu_count, cc, caps, figures)
+
+
+def native_bf16() -> bool:
+    """Whether the current CUDA device has bfloat16 in hardware. `is_bf16_supported()` also
+    counts bf16 that merely runs, emulated (pre-Ampere GPUs), unless asked for native support;
+    releases without the `including_emulation` argument (torch 2.4) answer native only."""
+    check = torch.cuda.is_bf16_supported
+    if "including_emulation" in inspect.signature(check).parameters:
+        return bool(check(including_emulation=False))
+    return bool(check())
+
+
+def gpu_figures(index: int) -> GpuFigures:
+    """The figures that tell variants of one GPU apart (harness/lab/gpus.json `figures`): total
+    memory and SMs as CUDA reports them, the peak SM clock where this torch exposes it, and the
+    board's maximum power limit from NVML where the driver's library is there."""
+    props = torch.cuda.get_device_properties(index)
+    clock_khz = getattr(props, "clock_rate", None)  # torch >= 2.10
+    uuid = str(getattr(props, "uuid", "") or "")
+    return GpuFigures(
+        total_memory_gib=props.total_memory / 2**30,
+        sm_count=props.multi_processor_count,
+        max_sm_clock_mhz=clock_khz / 1000 if clock_khz else None,
+        max_power_w=_nvml_max_power_w(uuid) if uuid else None,
+    )
+
+
+def _nvml_max_power_w(uuid: str) -> float | None:
+    """The highest power limit the board allows, in W (nvmlDeviceGetPowerManagementLimit-
+    Constraints): an SXM H200 allows 700, an H200 NVL 600. Read through the driver's own
+    libnvidia-ml with ctypes, so no Python package is needed; None wherever it cannot be read."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if nvml.nvmlInit_v2() != 0:
+        return None
+    try:
+        handle = ctypes.c_void_p()
+        name = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"  # NVML's form of the UUID
+        if nvml.nvmlDeviceGetHandleByUUID(name.encode(), ctypes.byref(handle)) != 0:
+            return None
+        low, high = ctypes.c_uint(), ctypes.c_uint()
+        found = nvml.nvmlDeviceGetPowerManagementLimitConstraints(
+            handle, ctypes.byref(low), ctypes.byref(high)
+        )
+        return high.value / 1000 if found == 0 and high.value else None  # milliwatts
+    finally:
+        nvml.nvmlShutdown()
+
+
+def resolve(choice: str, option: str = "--amp-device") -> DeviceInfo:
+    """Turn `option` auto|cpu|cuda into a probed device, or a clear error naming `option`."""
+    if choice not in DEVICE_CHOICES:
+        raise HarnessError(f"{option} {choice!r}: use one of {', '.join(DEVICE_CHOICES)}")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise HarnessError(
+            f"{option} cuda: {_no_cuda_reason()}. Run with {option} cpu (or auto) here, "
+            "or on a machine with an NVIDIA GPU and a CUDA build of torch."
+        )
+    return probe(choice)

@@ -1,0 +1,276 @@
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from harness.common.errors import HarnessError
+from harness.lab import devices, diagnose_verify, recipes
+from harness.lab.diagnose_fixes import Fix
+from harness.lab.diagnose_rules import (  # noqa: F401  (the names a scenario asserts on)
+    BROKEN,
+    DRIFT_MAX,
+    DRIFTS,
+    FAILS,
+    HORIZON,
+    KEEP_IN_FP32,
+    LOSES_PRECISION,
+    NEEDS_SCALING,
+    NORMS_IN_FP32,
+    NOT_JUDGED,
+    NOT_RUN,
+    OPTIMIZER_IN_FP16,
+    PERTURBATION,
+    REFERENCE,
+    REFERENCE_STATUS,
+    REGRESSION,
+    SAFE,
+    STATUSES,
+    UNDERFLOW_MAX,
+    UNSTABLE,
+    Diagnosis,
+    FixCheck,
+    Run,
+    end_gap,
+    forecast,
+    judge,
+)
+from harness.lab.diagnose_runs import Replay, Setting, StepTimeout, perturbed, run_recipe
+
+RECIPES = ("fp32", "amp-fp16", "amp-fp16-noscaler", "amp-bf16", "half")
+# The batches diagnose keeps (the same ones feed every recipe) may take this much memory.
+MAX_KEPT_BYTES = 2 * 1024**3
+# What a recipe's status is fixed by, when the fix is another recipe the diagnosis ran.
+ALTERNATIVES = {
+    KEEP_IN_FP32: "amp-bf16",
+    NEEDS_SCALING: "amp-fp16",
+    OPTIMIZER_IN_FP16: "amp-fp16",
+    LOSES_PRECISION: "amp-fp16",
+}
+
+
+class DiagnoseError(HarnessError):
+    pass
+
+
+@dataclass
+class Subject:
+    model: nn.Module
+    batches: Iterable
+    loss: Callable
+
+
+# --- the factory --------------------------------------------------------------------------
+
+
+def load(spec: str) -> Callable[[], object]:
+    """The factory `spec` names ("package.module:function"), imported from the current folder
+    first; each problem is an error naming the factory."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise DiagnoseError(
+            f"factory {spec!r}: not of the form MODULE:FUNCTION, e.g. my_pkg.models:make "
+            "(a function that returns the model, the batches and the loss)"
+        )
+    if os.getcwd() not in sys.path:  # as `python -m` finds modules of the current folder
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or anything the module raises at import
+        raise DiagnoseError(
+            f"factory {spec!r}: importing {module_name} raised {type(exc).__name__}: {exc} "
+            "(run from the folder that holds it, or install its package)"
+        ) from exc
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        public = [n for n in vars(module) if callable(getattr(module, n)) and not n.startswith("_")]
+        raise DiagnoseError(
+            f"factory {spec!r}: {module_name} has no function {attribute!r} (it has: "
+            f"{', '.join(sorted(public)[:10]) or 'none'})"
+        )
+    return factory
+
+
+def subject(spec: str, made: object) -> Subject:
+    """What the factory returned, checked against the protocol."""
+    if isinstance(made, Subject):
+        found = made
+    elif isinstance(made, dict) and {"model", "batches", "loss"} <= set(made):
+        found = Subject(made["model"], made["batches"], made["loss"])
+    elif isinstance(made, tuple | list) and len(made) == 3:
+        found = Subject(*made)
+    else:
+        raise DiagnoseError(
+            f"factory {spec!r} returned {type(made).__name__}: expected a "
+            "harness.lab.diagnose.Subject, a (model, batches, loss) tuple or a dict with those keys"
+        )
+    problems = []
+    if not isinstance(found.model, nn.Module):
+        problems.append(f"model is a {type(found.model).__name__}, not a torch.nn.Module")
+    if not isinstance(found.batches, Iterable):
+        problems.append(f"batches is a {type(found.batches).__name__}, not an iterable")
+    if not callable(found.loss):
+        problems.append(f"loss is a {type(found.loss).__name__}, not callable")
+    if problems:
+        raise DiagnoseError(f"factory {spec!r}: " + "; ".join(problems))
+    return found
+
+
+def _take(spec: str, batches: Iterable, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`count` batches, kept (every recipe sees the same ones); more than MAX_KEPT_BYTES of them
+    is an error before they are taken."""
+    taken = []
+    for batch in batches:
+        if not (isinstance(batch, tuple | list) and len(batch) == 2):
+            raise DiagnoseError(
+                f"factory {spec!r}: batch {len(taken)} is a {type(batch).__name__}, not an "
+                "(inputs, targets) pair"
+            )
+        taken.append(tuple(batch))
+        if len(taken) == 1:
+            size = sum(t.nbytes for t in batch if isinstance(t, torch.Tensor))
+            if size * count > MAX_KEPT_BYTES:
+                raise DiagnoseError(
+                    f"factory {spec!r}: {count} batches of {size:,} bytes would keep "
+                    f"{size * count / 1024**3:.1f} GiB in memory (at most "
+                    f"{MAX_KEPT_BYTES / 1024**3:g} GiB): lower --steps / --verify"
+                )
+        if len(taken) == count:
+            return taken
+    raise DiagnoseError(
+        f"factory {spec!r}: its batches gave {len(taken)}, diagnose needs {count} "
+        "(--steps, or --verify and its held-out batches)"
+    )
+
+
+# --- the diagnosis --------------------------------------------------------------------------
+
+
+def diagnose(
+    make: Callable[[], object] | Subject | str,
+    device: devices.DeviceInfo | str = "cpu",
+    steps: int = 8,
+    lr: float = 1e-3,
+    optimizer: str = "adamw",
+    names: Iterable[str] = RECIPES,
+    horizon: int = HORIZON,
+    verify: int = 0,
+    step_limit_s: float | None = None,
+) -> Diagnosis:
+    """Train `steps` steps of the subject under each recipe (fp32 first) and judge each; with
+    `verify`, train that many steps more under each recipe and each fix, and say whether the
+    judgement held.
+
+    `make`: the factory (or its "module:function" name, or a Subject). Errors of the subject
+    (it does not load, break the protocol, or fail its first fp32 step) name the factory."""
+    spec = make if isinstance(make, str) else getattr(make, "__qualname__", "subject")
+    if steps < 2:
+        raise DiagnoseError(f"--steps {steps}: diagnose needs at least 2 steps")
+    if verify and verify < steps:
+        raise DiagnoseError(f"--verify {verify}: at least --steps ({steps}) steps")
+    names = [REFERENCE, *(n for n in names if n != REFERENCE)]
+    for name in names:
+        recipes.get(name)  # an unknown recipe is an error before anything runs
+    found = _subject(spec, make)
+    info = devices.probe(device) if isinstance(device, str) else device
+    count = max(steps, verify) + (diagnose_verify.HELD_OUT if verify else 0)
+    taken = _take(spec, found.batches, count)
+    quick = Replay(taken[:steps], found.loss)
+    setting = Setting(info, lr, optimizer, step_limit_s)
+    initial = _fp32_copy(spec, found.model)
+    try:
+        diagnosis = _quick_look(spec, initial, quick, setting, names, horizon)
+        if verify:
+            diagnosis.verify = diagnose_verify.verify(
+                diagnosis, initial, Replay(taken[:verify], found.loss), taken[verify:], setting,
+                {name: _fix(run) for name, run in diagnosis.runs.items() if _fix(run)},
+            )  # fmt: skip
+    except StepTimeout as exc:
+        raise DiagnoseError(f"factory {spec!r}: {exc}") from exc
+    return diagnosis
+
+
+def _subject(spec: str, make) -> Subject:
+    factory = load(make) if isinstance(make, str) else make
+    if isinstance(factory, Subject):
+        return factory
+    try:
+        made = factory()
+    except (Exception, SystemExit) as exc:  # a factory's sys.exit() is its error, not ours
+        raise DiagnoseError(f"factory {spec!r} raised {type(exc).__name__}: {exc}") from exc
+    return subject(spec, made)
+
+
+def _fp32_copy(spec: str, model: nn.Module) -> nn.Module:
+    try:
+        return copy.deepcopy(model).float()
+    except Exception as exc:
+        raise DiagnoseError(f"factory {spec!r}: its model cannot be copied: {exc}") from exc
+
+
+def _quick_look(
+    spec: str, initial: nn.Module, quick: Replay, setting: Setting, names: list[str],
+    horizon: int,
+) -> Diagnosis:  # fmt: skip
+    reference, gradient = run_recipe(REFERENCE, initial, quick, setting)
+    if reference.error:
+        raise DiagnoseError(
+            f"factory {spec!r}: its first training step failed under fp32: {reference.error}"
+        )
+    reference.forecast = forecast(reference, horizon)
+    noise = max(end_gap(run.loss, reference.loss) for run in perturbed(initial, quick, setting))
+    runs = {REFERENCE: reference}
+    for name in names[1:]:
+        runs[name] = run_recipe(name, initial, quick, setting, reference_gradient=gradient)[0]
+    diagnosis = Diagnosis(
+        spec, setting.device.name, torch.__version__, len(quick.taken), runs,
+        optimizer=setting.optimizer, lr=setting.lr, horizon=horizon, noise=noise,
+    )  # fmt: skip
+    for run in runs.values():
+        judge(run, diagnosis)
+    for run in runs.values():
+        run.fixes = _try_fixes(run, diagnosis, initial, quick, setting, gradient)
+    return diagnosis
+
+
+def _fix(run: Run) -> Fix | None:
+    """The fix the rules recommend for the run, when it changes the run itself."""
+    if not (run.keep_fp32 or run.adam_eps):
+        return None
+    named = list(dict.fromkeys(run.keep_fp32))
+    # A module inside another kept in fp32 is in fp32 already (and wrapping both would cast
+    # the inner one's output back to a half model's dtype in the middle of the outer one).
+    outermost = [m for m in named if not any(m.startswith(f"{o}.") for o in named)]
+    return Fix(run.recipe, tuple(outermost), run.adam_eps)
+
+
+def _try_fixes(
+    run: Run, diagnosis: Diagnosis, initial: nn.Module, quick: Replay, setting: Setting,
+    gradient: torch.Tensor | None,
+) -> list[FixCheck]:  # fmt: skip
+    """Each recommendation, tried over the same steps: the fix applied to this recipe, and the
+    other recipe it names, whose own run says whether it would do."""
+    checks = []
+    fix = _fix(run)
+    if fix is not None:
+        fixed, _ = run_recipe(
+            run.recipe, initial, quick, setting, fix=fix, reference_gradient=gradient
+        )
+        judge(fixed, diagnosis)
+        checks.append(FixCheck(fix.describe(), fixed.status, fixed.reasons, fixed.status == SAFE))
+    for status, other in ALTERNATIVES.items():
+        if run.status == status and other in diagnosis.runs and other != run.recipe:
+            alternative = diagnosis.runs[other]
+            checks.append(
+                FixCheck(
+                    f"use {other}", alternative.status, alternative.reasons,
+                    alternative.status == SAFE,
+                )
+            )  # fmt: skip
+    return checks

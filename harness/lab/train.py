@@ -1,0 +1,137 @@
+"""One plain training loop and its evaluation, the same for every recipe.
+
+The precision recipe (harness.lab.recipes) is the only thing that varies between runs; the caller
+binds it to a device and enters it:
+
+    with recipes.get("amp-fp16").bind(device) as precision:
+        history = train(model, precision, task, steps=200, lr=1e-3)
+        metrics = evaluate(model, precision, task)
+
+Two hooks let a scenario observe or bend the loop without copying it: `loss_multiplier` (the
+backward runs on loss x multiplier: small gradients, as late in training or with a summed loss
+over few elements) and `on_step(model, report)`, called after each optimizer step while the
+step's unscaled gradients are still in `.grad` (harness.lab.probes.StepGradients keeps their stats).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from harness.common.errors import HarnessError, closest
+from harness.lab.data import Task
+from harness.lab.recipes import Precision, StepReport
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+@dataclass
+class History:
+    """One entry per training step. A non-finite loss is recorded as it was (inf or nan)."""
+
+    loss: list[float] = field(default_factory=list)
+    scale: list[float] = field(default_factory=list)  # loss scale used by the step's backward
+    skipped: list[bool] = field(default_factory=list)  # the scaler skipped optimizer.step()
+    grad_norm: list[float] = field(default_factory=list)  # of the unscaled gradients
+    step_time_s: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, list]:
+        """Plain lists of floats and bools; json.dumps writes non-finite floats as NaN/Infinity."""
+        return asdict(self)
+
+
+def train(
+    model: torch.nn.Module,
+    precision: Precision,
+    task: Task,
+    steps: int,
+    lr: float,
+    batch_size: int = 64,
+    optimizer: str = "adamw",
+    seed: int = 0,
+    clip_norm: float | None = None,
+    loss_multiplier: float = 1.0,
+    on_step: Callable[[torch.nn.Module, StepReport], None] | None = None,
+    watch_forward: contextlib.AbstractContextManager | None = None,
+    adam_eps: float | None = None,
+) -> History:
+    """Train `model` in place for `steps` steps; `seed` picks the training batches.
+
+    Backward runs on the task's loss times `loss_multiplier` (the history keeps the task's
+    loss); `on_step(model, report)` is called after each step, with the step's gradients still
+    in `.grad` (unscaled). `watch_forward`, a context manager entered around each step's forward
+    and loss (harness.lab.probes.OpRanges), observes them. `adam_eps`: AdamW's epsilon, when not
+    torch's default. Training goes on after a non-finite loss: the scenarios observe
+    divergence, not avoid it.
+    """
+    # AMP step 1: move (and for "half", cast) the model before the optimizer sees its parameters,
+    # so the optimizer holds the tensors that are actually trained.
+    model = precision.prepare(model)
+    model.train()
+    opt = _optimizer(optimizer, model, lr, adam_eps)
+    device = precision.device.torch_device
+    batches = task.batches(batch_size, seed)
+    history = History()
+
+    for _ in range(steps):
+        x, y = next(batches)
+        # The previous step ended synchronised, so the clock starts with the device idle; the
+        # synthetic batch's generation is not timed, its copy to the device is.
+        start = time.perf_counter()
+        x, y = precision.cast_input(x), y.to(device)
+
+        # AMP step 2: the forward pass, model and loss, under autocast when the recipe has one.
+        with precision.forward(), watch_forward or contextlib.nullcontext():
+            out = model(x)
+            loss = task.loss(out, y)
+
+        opt.zero_grad(set_to_none=True)
+        # AMP step 3: backward, on the loss multiplied by the scale when the recipe has a scaler
+        # (and by the caller's multiplier, which no scaler knows about).
+        precision.backward(loss * loss_multiplier if loss_multiplier != 1.0 else loss)
+        # AMP step 4: unscale, measure the gradient norm, clip, step (or skip on inf/NaN) and
+        # update the scale.
+        report = precision.step(opt, clip_norm)
+
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # CUDA runs asynchronously: wait, or the time is launch time
+        history.step_time_s.append(time.perf_counter() - start)
+        history.loss.append(loss.item())
+        history.scale.append(report.scale)
+        history.skipped.append(report.skipped)
+        history.grad_norm.append(report.grad_norm)
+        if on_step is not None:  # after the clock: an observer's cost is not the step's
+            on_step(model, report)  # the gradients of this step are still in .grad
+    return history
+
+
+def evaluate(model: torch.nn.Module, precision: Precision, task: Task) -> dict[str, float]:
+    """Loss and accuracy on the task's validation split, in one batch, as the recipe runs them."""
+    was_training = model.training
+    model.eval()  # BatchNorm uses its running statistics, as at inference
+    try:
+        x, y = precision.cast_input(task.val[0]), task.val[1].to(precision.device.torch_device)
+        with torch.no_grad(), precision.forward():
+            out = model(x)
+            return {"val_loss": task.loss(out, y).item(), "val_accuracy": task.accuracy(out, y)}
+    finally:
+        model.train(was_training)
+
+
+def _optimizer(
+    name: str, model: torch.nn.Module, lr: float, adam_eps: float | None = None
+) -> torch.optim.Optimizer:
+    if name == "adamw":
+        if adam_eps is None:
+            return torch.optim.AdamW(model.parameters(), lr=lr)
+        return torch.optim.AdamW(model.parameters(), lr=lr, eps=adam_eps)
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    raise HarnessError(
+        f"unknown optimizer {name!r}: known are {', '.join(OPTIMIZERS)} "
+        f"(closest: {closest(name, OPTIMIZERS)})"
+    )

@@ -1,0 +1,112 @@
+"""The environment fingerprint recorded with every run: what a result depends on.
+
+Only named facts are collected; the process environment is never copied (it holds secrets).
+"""
+
+from __future__ import annotations
+
+import operator
+import platform
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import torch
+
+import harness
+from harness.lab.devices import DeviceInfo
+from harness.lab.tf32 import tf32_flags
+
+
+def _run(args: list[str], cwd: Path | None = None) -> str:
+    """First line of a command's output, or "" when it is absent, fails or takes over 5 s."""
+    if shutil.which(args[0]) is None:
+        return ""
+    try:
+        out = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=5, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+
+
+def _git_commit(root: Path) -> str:
+    commit = _run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root)
+    if not commit:
+        return "unknown"
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    return commit + ("-dirty" if dirty else "")
+
+
+# Switches that let a "half" or "fp32" GEMM compute less exactly than its dtype says, besides
+# TF32: cuBLAS may reduce split-K partial sums in fp16/bf16 (on by default), accumulate fp16
+# GEMMs in fp16 (torch >= 2.7, off by default).
+_REDUCTION_FLAGS = (
+    "allow_fp16_reduced_precision_reduction",
+    "allow_bf16_reduced_precision_reduction",
+    "allow_fp16_accumulation",
+)
+# The newer TF32 control (torch >= 2.9), per backend and op: where a build has it, it is what
+# decides, and the legacy allow_tf32 flags are views of it.
+_FP32_PRECISION = (
+    "fp32_precision",
+    "cuda.matmul.fp32_precision",
+    "cudnn.fp32_precision",
+    "cudnn.conv.fp32_precision",
+    "cudnn.rnn.fp32_precision",
+)
+
+
+def precision_flags() -> dict[str, str]:
+    """The precision switches of this process as `precision.<torch.backends path>`: the
+    reduced-precision reductions, float32_matmul_precision and the fp32_precision settings,
+    each where this torch has it."""
+    matmul = torch.backends.cuda.matmul
+    # Reading a switch a newer torch deprecates must not fail the fingerprint (warnings are
+    # errors in the project's tests).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        flags = {
+            f"cuda.matmul.{name}": getattr(matmul, name)
+            for name in _REDUCTION_FLAGS
+            if hasattr(matmul, name)
+        }
+        flags["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+        for path in _FP32_PRECISION:
+            try:
+                flags[path] = operator.attrgetter(path)(torch.backends)
+            except AttributeError:  # a torch before the fp32_precision API
+                continue
+    return {f"precision.{k}": str(v) for k, v in flags.items()}
+
+
+def collect(device: DeviceInfo, root: Path) -> dict[str, str]:
+    """Flat string facts, logged as `env.<key>` tags."""
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    nccl = ""
+    if device.type == "cuda" and torch.distributed.is_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # a build without NCCL
+            nccl = ""
+    facts = {
+        "device": device.type,
+        "gpu_name": device.name if device.type == "cuda" else "",
+        "gpu_count": str(device.gpu_count),
+        "compute_capability": ".".join(map(str, device.compute_capability or ())),
+        "driver": _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        if device.type == "cuda"
+        else "",
+        "cuda": torch.version.cuda or "",
+        "cudnn": str(cudnn or ""),
+        "nccl": nccl,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "cpu": platform.processor() or platform.machine(),
+        "harness": harness.__version__,
+        "git_commit": _git_commit(root),
+    }
+    facts.update({f"tf32.{k}": str(v) for k, v in tf32_flags().items()})
+    facts.update(precision_flags())
+    return {k: str(v) or "n/a" for k, v in facts.items()}  # plain str: TorchVersion is not

@@ -1,0 +1,521 @@
+"""Compare two runs: changed verdicts first, then metric changes, flagged only when they are
+both statistically significant and larger than a relative threshold.
+
+Verdicts are compared as they count (harness.catalogue.verdicts): `partly -> failed (was: partly)` is a
+change. Per claim, a verdict that stands in the first run and in the second is skipped, failed or
+missing is a regression (missing is only "not compared" when the second run ran part of the
+suite and says so). A comparison in which no verdict overlapped says so.
+
+A run is the summary `harness.reports.baseline.summarize` makes of a session; a baseline file holds the
+same shape. Metric keys that differ only in a `seed<N>`, `round<N>` or `rank<N>` path component
+(`mlp/amp-fp16/seed0/val_accuracy`, `.../seed1/...`) are repetitions of one quantity, and the
+two sample sets are compared with Welch's t-test. A metric recorded once per run has no spread
+to judge a change against: its change is listed, never flagged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from harness.catalogue import verdicts
+from harness.common import shown
+from harness.records import shapes
+from harness.reports import baseline, differences
+from harness.common.errors import HarnessError
+from harness.records.journal import Journal
+from harness.records.record import _jsonable
+
+ALPHA = 0.05
+THRESHOLD = 0.10  # relative: 10% of the first run's mean
+_REPETITION = re.compile(r"^(seed|round|rank)\d+$")
+
+
+class MissingBaseline(HarnessError):
+    """No baseline file where one was looked for: reported to the user, never a failure."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        super().__init__(
+            f"no baseline at {path}: nothing compared. After a session you trust, "
+            f"`amp-harness baseline save --out {path.parent}` writes one there, named after its "
+            "environment (`--session ID` picks another session than the last)."
+        )
+
+
+@dataclass(frozen=True)
+class VerdictChange:
+    claim: str
+    test: str
+    before: str
+    after: str
+    evidence_before: str
+    evidence_after: str
+
+    def describe(self) -> str:
+        return (
+            f"{self.claim} ({self.test}): verdict {self.before} -> {self.after}: "
+            f"{self.evidence_after}"
+        )
+
+
+@dataclass(frozen=True)
+class MetricChange:
+    test: str
+    claims: tuple[str, ...]  # the claims the test decides: a change is reported against them
+    metric: str  # repetitions collapsed: `mlp/amp-fp16/seed*/val_accuracy`
+    before: tuple[float, ...]
+    after: tuple[float, ...]
+    relative: float  # (mean after - mean before) / |mean before|
+    p_value: float | None  # Welch's t-test; None when it cannot be computed, `note` says why
+    flagged: bool
+    note: str = ""
+
+    def describe(self) -> str:
+        why = (
+            f"Welch p={self.p_value:.2g}, n={len(self.before)} vs {len(self.after)}"
+            if self.p_value is not None
+            else self.note
+        )
+        return (
+            f"{', '.join(self.claims) or '(no claim)'} ({self.test}): metric {self.metric} "
+            f"{_mean_text(self.before)} -> {_mean_text(self.after)} "
+            f"({_percent(self.relative)}, {why})"
+        )
+
+
+@dataclass(frozen=True)
+class LostDecision:
+    """A claim decided in the first run, and not decided in the second."""
+
+    claim: str
+    before: str  # the first run's verdict on the claim, across its tests
+    after: str  # the second's: "skipped", "failed", "capability regression" or "missing"
+    evidence: str
+
+    def describe(self) -> str:
+        return f"{self.claim}: decided ({self.before}) before, {self.after} now: {self.evidence}"
+
+
+@dataclass
+class Comparison:
+    a: str  # what the first run is: a file, or a session's name
+    b: str
+    threshold: float
+    alpha: float
+    verdicts: list[VerdictChange]
+    metrics: list[MetricChange]  # flagged first, then by the size of the change
+    only_a: list[str]  # tests, verdicts and metrics one run has and the other lacks
+    only_b: list[str]
+    environment: dict[str, tuple[str, str]]  # fingerprint facts that differ
+    compared: dict[str, int]  # verdicts and metrics present in both runs
+    lost: list[LostDecision]  # claims decided in A, not in B
+    not_compared: list[str]  # claims decided in A that B, a part of the suite, did not run
+    b_lacks: list[str]  # what B says it lacks (a partial run)
+
+    @property
+    def overlapped(self) -> bool:
+        """Some verdict was in both runs: without one, "nothing changed" would mean nothing."""
+        return self.compared["verdicts"] > 0
+
+    @property
+    def regressions(self) -> list[str]:
+        """What --fail-on-regression fails on: every changed verdict and every flagged metric.
+
+        A change either way counts: the harness predicts behaviour, it does not rank it."""
+        flagged = [m.describe() for m in self.metrics if m.flagged]
+        lost = [d.describe() for d in self.lost]
+        return [v.describe() for v in self.verdicts] + lost + flagged
+
+    @property
+    def fails_the_gate(self) -> bool:
+        """--fail-on-regression: a regression fails, and so does a comparison of nothing (a
+        gate that compared no verdict has checked nothing, and must not pass)."""
+        return bool(self.regressions) or not self.overlapped
+
+    def summary_line(self) -> str:
+        """One line: how much was compared and what came of it."""
+        counts = f"{self.compared['verdicts']} verdicts, {self.compared['metrics']} metrics"
+        if not self.overlapped:
+            return f"no verdict of one run is in the other: nothing compared ({counts})"
+        if self.regressions:
+            return f"regressions: {len(self.regressions)} ({counts} compared)"
+        return f"no verdict changed, no decision lost, no metric flagged ({counts} compared)"
+
+    def to_json(self) -> dict:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "threshold": self.threshold,
+            "alpha": self.alpha,
+            "environment": {k: list(v) for k, v in self.environment.items()},
+            "compared": self.compared,
+            "regressions": self.regressions,
+            "verdict_changes": [asdict(v) for v in self.verdicts],
+            "metric_changes": [
+                {
+                    **asdict(m),
+                    "claims": list(m.claims),
+                    "before": [_jsonable(x) for x in m.before],
+                    "after": [_jsonable(x) for x in m.after],
+                    "relative": _jsonable(m.relative),
+                }
+                for m in self.metrics
+            ],
+            "only_in_a": self.only_a,
+            "only_in_b": self.only_b,
+            "lost_decisions": [asdict(d) for d in self.lost],
+            "not_compared": self.not_compared,
+            "b_lacks": self.b_lacks,
+            "overlapped": self.overlapped,
+        }
+
+
+def compare(
+    a: dict,
+    b: dict,
+    threshold: float = THRESHOLD,
+    alpha: float = ALPHA,
+    labels: tuple[str, str] | None = None,
+) -> Comparison:
+    """Compare run `b` with run `a` (both summaries, as harness.reports.baseline.summarize makes)."""
+    verdicts_a, verdicts_b = _verdicts(a), _verdicts(b)
+    verdicts = [
+        VerdictChange(claim, test, va["verdict"], vb["verdict"], va["evidence"], vb["evidence"])
+        for (test, claim), va in verdicts_a.items()
+        if (vb := verdicts_b.get((test, claim))) and vb["verdict"] != va["verdict"]
+    ]
+    # A test only one run has is listed once, by name, not verdict by verdict.
+    both = a["tests"].keys() & b["tests"].keys()
+    only_a = [
+        f"{t} :: verdict {c}" for t, c in verdicts_a if t in both and (t, c) not in verdicts_b
+    ]
+    only_b = [
+        f"{t} :: verdict {c}" for t, c in verdicts_b if t in both and (t, c) not in verdicts_a
+    ]
+    claims_of: dict[str, tuple[str, ...]] = {}
+    for test, claim in {**verdicts_a, **verdicts_b}:
+        claims_of[test] = (*claims_of.get(test, ()), claim)
+
+    metrics: list[MetricChange] = []
+    compared = 0
+    for test, entry in a["tests"].items():
+        if test not in b["tests"]:
+            only_a.append(test)
+            continue
+        before, after = _quantities(entry["metrics"]), _quantities(b["tests"][test]["metrics"])
+        key = {*entry.get("key_metrics", []), *b["tests"][test].get("key_metrics", [])}
+        only_a += [f"{test} :: metric {q}" for q in before if q not in after]
+        only_b += [f"{test} :: metric {q}" for q in after if q not in before]
+        for quantity in before.keys() & after.keys():
+            compared += 1
+            change = _metric_change(
+                test, claims_of.get(test, ()), quantity, before[quantity], after[quantity],
+                threshold, alpha, quantity in key,
+            )  # fmt: skip
+            if change:
+                metrics.append(change)
+    only_b += [test for test in b["tests"] if test not in a["tests"]]
+    metrics.sort(key=lambda m: (not m.flagged, -_size(m.relative), m.test, m.metric))
+    lost, not_compared = _lost_decisions(a, b, {v.claim for v in verdicts})
+    facts_a, facts_b = a.get("fingerprint", {}), b.get("fingerprint", {})
+    a_label, b_label = labels or (a.get("name", "A"), b.get("name", "B"))
+    return Comparison(
+        a=a_label,
+        b=b_label,
+        threshold=threshold,
+        alpha=alpha,
+        verdicts=verdicts,
+        metrics=metrics,
+        only_a=only_a,
+        only_b=only_b,
+        environment={
+            k: (facts_a[k], facts_b[k])
+            for k in facts_a
+            if k in facts_b and facts_a[k] != facts_b[k]
+        },
+        compared={"verdicts": len(verdicts_a.keys() & verdicts_b.keys()), "metrics": compared},
+        lost=lost,
+        not_compared=not_compared,
+        b_lacks=list(b.get("lacks", [])),
+    )
+
+
+def _verdicts(summary: dict) -> dict[tuple[str, str], dict]:
+    return {(v["test"], v["claim"]): v for v in summary["verdicts"]}
+
+
+def claim_verdicts(summary: dict) -> dict[str, verdicts.ClaimVerdict]:
+    """Each claim's verdict across the run's tests, by harness.catalogue.verdicts' rule."""
+    grouped: dict[str, list[verdicts.Status]] = {}
+    for v in summary["verdicts"]:
+        status = verdicts.from_label(v["verdict"], v["stands"], v["evidence"], v["test"])
+        grouped.setdefault(v["claim"], []).append(status)
+    return {claim: verdicts.aggregate(found) for claim, found in grouped.items()}
+
+
+def _lost_decisions(a: dict, b: dict, changed: set[str]) -> tuple[list[LostDecision], list[str]]:
+    """Claims that stand in `a` and not in `b` (those a changed verdict of a test in both runs
+    already reports are left to it), and the claims a partial `b` did not run at all."""
+    claims_a, claims_b = claim_verdicts(a), claim_verdicts(b)
+    lost, not_compared = [], []
+    for claim, before in claims_a.items():
+        after = claims_b.get(claim)
+        if not before.stands or claim in changed or (after and after.stands):
+            continue
+        if after is None and b.get("lacks"):
+            not_compared.append(claim)
+        elif after is None:
+            lost.append(LostDecision(claim, before.label, "missing", "no test of it ran"))
+        else:
+            lost.append(LostDecision(claim, before.label, after.label, after.evidence))
+    return lost, not_compared
+
+
+def _quantities(metrics: dict) -> dict[str, dict[str, float | str]]:
+    """{quantity: {metric key: value}}: keys that differ only in seed<N>, round<N> or rank<N>
+    are samples of one quantity."""
+    grouped: dict[str, dict[str, float | str]] = {}
+    for key, value in metrics.items():
+        parts = [_REPETITION.sub(r"\1*", part) for part in key.split("/")]
+        grouped.setdefault("/".join(parts), {})[key] = value
+    return grouped
+
+
+def _metric_change(
+    test: str,
+    claims: tuple[str, ...],
+    quantity: str,
+    before: dict[str, float | str],
+    after: dict[str, float | str],
+    threshold: float,
+    alpha: float,
+    key: bool = False,
+) -> MetricChange | None:
+    if before == after:  # the raw values: inf and NaN are spelled as text, so NaN == NaN here
+        return None
+    xs, ys = [float(v) for v in before.values()], [float(v) for v in after.values()]
+    relative = _relative(statistics.fmean(xs), statistics.fmean(ys))
+    p_value, note = None, ""
+    if key:  # which way the behaviour went (Record.key_metric): any change beyond rounding
+        moved = [differences.value(x) for x in xs] != [differences.value(y) for y in ys]
+        note = "key metric" + (": the behaviour changed" if moved else ", the same to 4 digits")
+        return MetricChange(
+            test, claims, quantity, tuple(xs), tuple(ys), relative, None, moved, note
+        )
+    if max(len(xs), len(ys)) == 1:
+        note = "no repetitions"
+    elif min(len(xs), len(ys)) == 1:
+        note = f"too few repetitions (n={len(xs)} vs {len(ys)})"
+    elif not all(math.isfinite(v) for v in xs + ys):
+        note = "non-finite samples"
+    else:
+        p_value = _welch(xs, ys)
+    flagged = p_value is not None and p_value < alpha and _size(relative) > threshold
+    return MetricChange(
+        test, claims, quantity, tuple(xs), tuple(ys), relative, p_value, flagged, note
+    )
+
+
+def _relative(before: float, after: float) -> float:
+    if before == 0:
+        return 0.0 if after == 0 else math.copysign(math.inf, after)
+    return (after - before) / abs(before)
+
+
+def _welch(xs: list[float], ys: list[float]) -> float:
+    """Two-sided p-value of Welch's t-test (unequal variances)."""
+    if len(set(xs)) == 1 and len(set(ys)) == 1:
+        # No spread on either side (a count that is the same on every seed): the t statistic
+        # is undefined, and any difference is beyond the noise.
+        return 1.0 if xs[0] == ys[0] else 0.0
+    from scipy import stats  # here, not at the top: it takes a second, and few sessions compare
+
+    with warnings.catch_warnings():
+        # scipy warns of "catastrophic cancellation" for a constant sample; with spread on the
+        # other side Welch's test is well defined.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(stats.ttest_ind(xs, ys, equal_var=False).pvalue)
+
+
+def _size(relative: float) -> float:
+    return 0.0 if math.isnan(relative) else abs(relative)
+
+
+def _mean_text(values: tuple[float, ...]) -> str:
+    mean = statistics.fmean(values)
+    return f"{mean:.4g}" if len(values) == 1 else f"{mean:.4g} (mean of {len(values)})"
+
+
+def _percent(relative: float) -> str:
+    return "n/a" if math.isnan(relative) else f"{relative:+.1%}"
+
+
+# --- reading runs ------------------------------------------------------------------------------
+
+
+def load(spec: str, journal: Journal) -> tuple[str, dict]:
+    """(label, summary) of a run named on the command line: a baseline JSON file, a session id
+    recorded in the journal, or `last` for its last session."""
+    if spec == "last":
+        summary = baseline.summarize(journal)
+    elif spec.endswith(".json") or "/" in spec or Path(spec).exists():
+        return spec, read_baseline(Path(spec))
+    else:
+        try:
+            summary = baseline.summarize(journal, spec)
+        except HarnessError as exc:
+            raise HarnessError(f"{exc} (or give a baseline file, *.json, or `last`)") from None
+    return f"session {summary['session_id'][:8]} ({summary['name']})", summary
+
+
+def auto_path(folder: Path, fingerprint: dict[str, str]) -> Path:
+    """The baseline for an environment: the file `amp-harness baseline save` writes for it."""
+    return Path(folder) / baseline.filename(fingerprint)
+
+
+def read_baseline(path: Path) -> dict:
+    """A baseline file, checked: a bad one is an error naming the file, the field and the fix."""
+    if path.exists() and not path.is_file():  # a folder, /dev/zero, a pipe: never a baseline
+        raise HarnessError(
+            f"{path}: not a baseline file (a folder or a device): give the *.json file "
+            "`amp-harness baseline save` writes"
+        )
+    if not path.is_file():
+        raise MissingBaseline(path)
+    fix = "`amp-harness baseline save` writes a valid one"
+    try:
+        summary = shapes.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HarnessError(f"{path}: cannot read the baseline: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise HarnessError(f"{path}: not JSON ({exc}); {fix}") from exc
+    except shapes.TooDeep:
+        raise HarnessError(
+            f"{path}: nested too deeply to be a baseline (a baseline is 4 levels deep); {fix}"
+        ) from None
+    problem = _problem(summary)
+    if problem:
+        raise HarnessError(f"{path}: {problem}; {fix}")
+    return summary
+
+
+def _problem(summary) -> str | None:
+    if not isinstance(summary, dict):
+        return "expected a JSON object (a baseline summary)"
+    if summary.get("format") != baseline.FORMAT:
+        return (
+            f'field "format" is {summary.get("format")!r}; this harness reads {baseline.FORMAT} '
+            "(format 1 files predate verdicts that carry their test's outcome)"
+        )
+    if not isinstance(summary.get("verdicts"), list):
+        return 'field "verdicts" is missing or not a list'
+    for i, verdict in enumerate(summary["verdicts"]):
+        for name in ("claim", "verdict", "evidence", "test"):
+            if not isinstance(verdict, dict) or not isinstance(verdict.get(name), str):
+                return f'verdicts[{i}]: field "{name}" is missing or not text'
+        if not isinstance(verdict.get("stands"), bool):
+            return f'verdicts[{i}]: field "stands" is missing or not true/false'
+    if not isinstance(summary.get("fingerprint", {}), dict):
+        return 'field "fingerprint" is not an object'
+    if not isinstance(summary.get("lacks", []), list):
+        return 'field "lacks" is not a list'
+    if not isinstance(summary.get("tests"), dict):
+        return 'field "tests" is missing or not an object'
+    for test, entry in summary["tests"].items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("metrics"), dict):
+            return f'tests["{test}"]: field "metrics" is missing or not an object'
+        for key, value in entry["metrics"].items():
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number and value not in shapes.NON_FINITE:
+                return f'tests["{test}"].metrics["{key}"]: {value!r} is not a number'
+    return None
+
+
+# --- presenting --------------------------------------------------------------------------------
+
+
+def render(comparison: Comparison, console) -> None:
+    """Rich tables: changed verdicts, then metric changes (flagged first). Every cell is
+    shown.text, never markup or terminal control: test ids carry brackets (`test_x[float16]`),
+    evidence anything."""
+    from rich.table import Table
+
+    c = comparison
+    console.print(shown.text(f"A: {c.a}\nB: {c.b}"))
+    if c.environment:
+        changed = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in c.environment.items())
+        console.print(shown.text(f"environment: {changed}"))
+    if c.verdicts:
+        table = Table(
+            title=f"verdicts changed: {len(c.verdicts)}", title_style="bold red", expand=True
+        )
+        table.add_column("claim", no_wrap=True)
+        table.add_column("test", max_width=40, overflow="fold")
+        table.add_column("A -> B", max_width=24, overflow="fold")
+        table.add_column("evidence", ratio=1, overflow="fold")  # the evidence gets the room
+        for v in c.verdicts:
+            evidence = shown.text(f"B: {v.evidence_after}\n") + shown.text(
+                f"A: {v.evidence_before}", "dim"
+            )
+            table.add_row(
+                shown.text(v.claim),
+                shown.text(_short(v.test)),
+                shown.text(f"{v.before} -> {v.after}"),
+                evidence,
+            )
+        console.print(table)
+    if c.metrics:
+        flagged = sum(m.flagged for m in c.metrics)
+        table = Table(
+            title=f"metrics changed: {len(c.metrics)}, flagged: {flagged} (Welch p < {c.alpha} "
+            f"and a change beyond {c.threshold:.0%})",
+            expand=True,
+        )
+        table.add_column("", no_wrap=True)
+        table.add_column("claims", max_width=24, overflow="fold")
+        table.add_column("metric (test)", ratio=1, overflow="fold")
+        table.add_column("A -> B", max_width=24, overflow="fold")
+        table.add_column("change", no_wrap=True)
+        table.add_column("p", max_width=14, overflow="fold")
+        for m in c.metrics:
+            table.add_row(
+                shown.text("FLAGGED" if m.flagged else ""),
+                shown.text(", ".join(m.claims)),
+                shown.text(f"{m.metric}\n") + shown.text(_short(m.test), "dim"),
+                _change_cell(m),
+                shown.text(_percent(m.relative)),
+                shown.text(f"{m.p_value:.2g}" if m.p_value is not None else m.note),
+                style="bold red" if m.flagged else None,
+            )
+        console.print(table)
+    for lost in c.lost:
+        console.print(shown.text(f"decision lost: {lost.describe()}", "bold red"))
+    if c.not_compared:
+        console.print(
+            shown.text(
+                f"not compared (B ran part of the suite): {', '.join(c.not_compared)}", "yellow"
+            )
+        )
+    for side, missing in (("A", c.only_a), ("B", c.only_b)):
+        if missing:
+            more = f", ... ({len(missing)} in all)" if len(missing) > 5 else ""
+            console.print(shown.text(f"only in {side}: {', '.join(missing[:5])}{more}"))
+    style = "bold red" if c.regressions else "green" if c.overlapped else "yellow"
+    console.print(shown.text(c.summary_line(), style))
+
+
+def _change_cell(m: MetricChange):
+    cell = shown.text(f"{statistics.fmean(m.before):.4g} -> {statistics.fmean(m.after):.4g}")
+    if len(m.before) > 1 or len(m.after) > 1:
+        cell.append(f"\nmeans, n={len(m.before)} vs {len(m.after)}", "dim")
+    return cell
+
+
+def _short(test: str) -> str:
+    return test.rsplit("/", 1)[-1]

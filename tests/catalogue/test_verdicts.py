@@ -1,0 +1,130 @@
+"""A verdict counts only when its test passed, and one claim's verdict across several tests
+follows one written rule (harness.catalogue.verdicts), the same in the verdict table, `amp-harness
+list` and baselines (the report's ledger: tests/reports/test_report.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from harness import cli
+from harness.catalogue import verdicts
+from harness.records.journal import Journal
+from harness.reports import baseline
+
+
+def status(recorded, outcome, message=""):
+    return verdicts.status(recorded, "65536 -> 32768", outcome, message, "scenarios/t.py::t")
+
+
+@pytest.mark.parametrize(
+    ("recorded", "outcome", "label", "stands"),
+    [
+        ("partly", "passed", "partly", True),
+        ("partly", "failed", "failed (was: partly)", False),
+        ("refuted", "error", "failed (was: refuted)", False),
+        (None, "failed", "failed (no verdict)", False),
+        ("confirmed", "interrupted", "interrupted (was: confirmed)", False),
+        ("skipped", "skipped", "skipped", False),
+        ("skipped", "passed", "skipped", False),  # a claim the passing test could not decide
+        (None, verdicts.CAPABILITY_REGRESSION, "capability regression", False),
+    ],
+)
+def test_a_verdict_stands_only_when_its_test_passed(recorded, outcome, label, stands):
+    found = status(recorded, outcome, "AssertionError: SCL-SCALE: x")
+    assert (found.label, found.stands) == (label, stands)
+    if outcome in ("failed", "error") and recorded:
+        assert found.evidence == (
+            f"test {outcome}: AssertionError: SCL-SCALE: x; recorded before that: 65536 -> 32768"
+        )
+
+
+@pytest.mark.parametrize(
+    ("statuses", "label"),
+    [
+        ([("refuted", "passed"), ("refuted", "passed"), ("skipped", "skipped")], "refuted"),
+        ([("skipped", "skipped"), ("refuted", "passed")], "refuted"),  # decided beats skipped
+        ([("partly", "passed"), ("refuted", "passed")], "mixed (refuted, partly)"),
+        ([("refuted", "passed"), ("partly", "failed")], "failed (1 of 2 tests)"),  # never hides
+        (
+            [("refuted", "passed"), (None, verdicts.CAPABILITY_REGRESSION)],
+            "capability regression (1 of 2 tests)",
+        ),
+        ([(None, verdicts.CAPABILITY_REGRESSION), (None, "failed")], "failed (1 of 2 tests)"),
+        ([("partly", "failed")], "failed (was: partly)"),  # one test: its own status
+        ([("skipped", "skipped"), ("skipped", "skipped")], "skipped"),
+    ],
+)
+def test_one_claim_across_tests_follows_the_written_rule(statuses, label):
+    found = verdicts.aggregate(status(recorded, outcome) for recorded, outcome in statuses)
+    assert found.label == label
+    assert found.stands == (label in verdicts.DECIDED or label.startswith("mixed"))
+    assert verdicts.aggregate([]) is None
+
+
+# --- through a real session -------------------------------------------------------------------
+
+MODULE = """
+import pytest
+
+@pytest.mark.claim("NUM-OVERFLOW")
+def test_cpu_one(record):
+    record.verdict("NUM-OVERFLOW", "refuted", "65520 -> inf")
+
+@pytest.mark.claim("NUM-OVERFLOW")
+def test_cpu_two(record):
+    record.verdict("NUM-OVERFLOW", "refuted", "65519 -> 65504")
+
+@pytest.mark.claim("NUM-OVERFLOW")
+@pytest.mark.requires("cuda")
+def test_gpu_only(record):
+    raise AssertionError("must not run")
+
+@pytest.mark.claim("FMT-BYTES")
+def test_decided_then_failed(record):
+    record.verdict("FMT-BYTES", "partly", "2 bytes for 3 of 4 tensors")
+    assert False, "FMT-BYTES: predicted 4 of 4"
+"""
+
+
+@pytest.fixture
+def ran(pytester: pytest.Pytester) -> pytest.RunResult:
+    pytester.makepyfile(**{"scenarios/test_scn": MODULE})
+    return pytester.runpytest_inprocess(
+        "scenarios", "--no-mlflow", "--amp-device=cpu", "-p", "no:cacheprovider",
+        f"--amp-reports={pytester.path / 'reports'}",
+    )  # fmt: skip
+
+
+def test_the_table_shows_a_failed_tests_verdict_as_failed_and_aggregates_the_rest(ran):
+    ran.assert_outcomes(passed=2, skipped=1, failed=1)
+    # The summary's lines: "CLAIM  verdict  evidence...", columns two spaces apart.
+    cells = [re.split(r"\s{2,}", line) for line in ran.outlines if line[:4] in ("NUM-", "FMT-")]
+    verdict_of = {row[0]: row[1] for row in cells if len(row) > 2}
+    assert verdict_of["NUM-OVERFLOW"] == "refuted"  # the GPU-only skip does not hide it
+    assert verdict_of["FMT-BYTES"] == "failed (was: partly)"
+    assert "partly" not in verdict_of.values()
+    ran.stdout.fnmatch_lines(["2 claims: 1 refuted, 1 failed.*"])
+
+
+def test_list_shows_the_claims_verdict_across_the_last_sessions_tests(ran, pytester, capsys):
+    reports = str(pytester.path / "reports")
+    assert cli.main(["list", "--json", "--reports", reports, "--scenarios", "nowhere"]) == 0
+    rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    overflow = rows["NUM-OVERFLOW"]
+    assert overflow["last_verdict"] == "refuted"  # was "skipped": the test that ran last
+    assert [t["status"] for t in overflow["last_tests"]] == ["refuted", "refuted", "skipped"]
+    assert rows["FMT-BYTES"]["last_verdict"] == "failed (was: partly)"
+    assert rows["FMT-BYTES"]["last_tests"][0]["status"] == "failed (was: partly)"
+
+
+def test_a_failed_tests_verdict_never_enters_a_baseline_as_valid(ran, pytester):
+    summary = baseline.summarize(Journal(pytester.path / "reports" / "journal.jsonl"))
+    by_test = {v["test"].split("::")[-1]: v for v in summary["verdicts"]}
+    failed = by_test["test_decided_then_failed"]
+    assert (failed["verdict"], failed["stands"]) == ("failed (was: partly)", False)
+    assert by_test["test_cpu_one"]["stands"] and not by_test["test_gpu_only"]["stands"]
+    assert not summary["complete"]
+    assert summary["lacks"] == ["1 test(s) failed: test_decided_then_failed"]

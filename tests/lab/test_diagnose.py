@@ -1,0 +1,421 @@
+"""`amp-harness diagnose`: the article's pitfalls measured on a user's model, judged per recipe
+from those measurements (a model built to overflow fp16 is flagged, naming its layer; the
+harness's MLP is safe in fp16 with scaling; tiny gradients need scaling), and every bad factory
+an error naming it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO
+from torch import nn
+
+from harness.cli import main
+from harness.lab import devices, diagnose
+from harness.lab import diagnose_examples as examples
+from harness.lab.diagnose import KEEP_IN_FP32, NEEDS_SCALING, SAFE, Subject
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def fragile() -> diagnose.Diagnosis:
+    return diagnose.diagnose(examples.fragile, "cpu", steps=STEPS)
+
+
+@pytest.fixture(scope="module")
+def mlp() -> diagnose.Diagnosis:
+    # As a scenario calls it, with the amp_device fixture's DeviceInfo (docs/diagnose.md).
+    return diagnose.diagnose(examples.mlp, devices.probe("cpu"), steps=STEPS)
+
+
+def test_the_fragile_model_names_its_layer_and_recommends_bf16_or_fp32(fragile):
+    # The op that makes the large values, not the LayerNorm and head that carry them on.
+    assert fragile.sources(fragile.hot_ops()) == ["amplifier:addmm"]
+    assert fragile.runs["fp32"].ops["amplifier:addmm"].peak > torch.finfo(torch.float16).max
+    for recipe in ("amp-fp16", "amp-fp16-noscaler", "half"):
+        run = fragile.runs[recipe]
+        assert run.status == KEEP_IN_FP32, (recipe, run.reasons)
+        assert "keep amplifier in fp32, or use amp-bf16" in run.reasons[0]
+    # The overflow measured, not only predicted: the scaler skipped every step.
+    scaled = fragile.runs["amp-fp16"]
+    assert scaled.first_nonfinite == (1, "amplifier:addmm") and scaled.skipped == STEPS
+    assert fragile.runs["amp-bf16"].status == SAFE  # fp32's range: the fix it recommends
+    # Both fixes tried: the layer in fp32 under amp-fp16 trains, and amp-bf16 is safe.
+    checks = {check.fix: check for check in scaled.fixes}
+    assert checks["amp-fp16 with amplifier in fp32"].held, checks
+    assert checks["use amp-bf16"].held
+
+
+def test_the_harness_mlp_is_safe_in_fp16_with_scaling(mlp):
+    assert mlp.hot_ops() == []
+    run = mlp.runs["amp-fp16"]
+    assert run.status == SAFE and run.drift < diagnose.DRIFT_MAX and run.skipped == 0
+    assert "every loss finite" in run.reasons[0] and "below fp16's 65504" in run.reasons[0]
+    assert mlp.runs["fp32"].status == diagnose.REFERENCE_STATUS
+
+
+def test_pure_fp16_with_adamw_names_the_optimizer_and_with_sgd_is_safe():
+    # AdamW's epsilon (1e-8) is 0 in fp16: its update divides by zero once a gradient does.
+    runs = {
+        optimizer: diagnose.diagnose(
+            examples.mlp, "cpu", steps=STEPS, optimizer=optimizer, names=["half"]
+        ).runs["half"]
+        for optimizer in ("adamw", "sgd")
+    }
+    adamw = runs["adamw"]
+    assert (
+        adamw.status == diagnose.OPTIMIZER_IN_FP16 and "eps 1e-8 is 0 in fp16" in adamw.reasons[0]
+    )
+    assert diagnose.UNSTABLE in adamw.findings  # the non-finite losses are said too
+    # The fix it names, tried: AdamW with an eps fp16 holds keeps the losses finite (its steps
+    # differ from eps 1e-8's, so it may drift: then the check says it did not hold).
+    (eps,) = [c for c in adamw.fixes if "AdamW eps" in c.fix]
+    assert eps.status != diagnose.UNSTABLE and "non-finite" not in " ".join(eps.reasons), eps
+    assert eps.held == (eps.status == SAFE)
+    assert runs["sgd"].status == SAFE
+
+
+class Scaled(nn.Module):
+    """The harness's MLP with its output scaled: `scale` 1e-4 makes its gradients tiny."""
+
+    def __init__(self, inner: nn.Module, scale: float):
+        super().__init__()
+        self.inner, self.scale = inner, scale
+
+    def forward(self, x):
+        return self.inner(x) * self.scale
+
+
+def test_tiny_gradients_need_loss_scaling_and_the_scaler_fixes_it():
+    subject = examples.mlp()
+    found = diagnose.diagnose(
+        Subject(Scaled(subject.model, 1e-4), subject.batches, lambda out, y: subject.loss(out, y)),
+        "cpu",
+        steps=STEPS,
+        names=["amp-fp16", "amp-fp16-noscaler"],
+    )
+    assert found.runs["fp32"].underflow > diagnose.UNDERFLOW_MAX
+    assert found.runs["amp-fp16-noscaler"].status == NEEDS_SCALING
+    assert "round to zero in fp16" in found.runs["amp-fp16-noscaler"].reasons[0]
+    assert found.runs["amp-fp16"].status == SAFE  # GradScaler: the remedy it names
+
+
+def test_half_norm_layers_are_flagged_when_their_statistics_leave_fp16s_range_not_by_dtype():
+    import zoo
+
+    raw = diagnose.diagnose(zoo.bn_raw, "cpu", steps=STEPS, optimizer="sgd", names=["half"])
+    run = raw.runs["half"]
+    assert run.norms["bn"].half and raw.runs["fp32"].norms["bn"].stat_peak > 65504 / 8
+    # Its 16-bit running variance overflowed (fp32's reaches about 1e6).
+    assert diagnose.NORMS_IN_FP32 in run.findings and "bn (" in " ".join(run.reasons)
+    # Control: the harness's CNN, whose BatchNorms are 16-bit too but whose statistics are small.
+    small = diagnose.diagnose(examples.cnn, "cpu", steps=2, optimizer="sgd", names=["half"])
+    assert all(norm.half for norm in small.runs["half"].norms.values())
+    assert diagnose.NORMS_IN_FP32 not in small.runs["half"].findings
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_the_other_harness_models_are_safe_under_autocast(name):
+    found = diagnose.diagnose(getattr(examples, name), "cpu", steps=2, names=["amp-fp16"])
+    assert found.runs["amp-fp16"].status == SAFE, found.runs["amp-fp16"].reasons
+
+
+# --- bad factories --------------------------------------------------------------------------
+
+FACTORIES = """
+import torch
+from torch import nn
+
+def not_a_subject():
+    return 42
+
+def raises():
+    raise ValueError("no data here")
+
+def no_model():
+    return ("model", [], lambda o, y: o)
+
+BATCH = (torch.ones(1, 2), torch.zeros(1, dtype=torch.long))
+
+def few_batches():
+    return nn.Linear(2, 2), [BATCH], nn.functional.cross_entropy
+
+def bad_loss():
+    def loss(out, y):
+        raise RuntimeError("shape mismatch in my loss")
+    return nn.Linear(2, 2), [BATCH] * 8, loss
+"""
+
+
+def test_an_unknown_recipe_is_an_error_before_the_factory_runs(capsys):
+    code = main(
+        ["diagnose", "harness.lab.diagnose_examples:mlp", "--recipes", "amp-fp8", "--no-mlflow"]
+    )
+    assert code == 2 and "unknown recipe 'amp-fp8'" in capsys.readouterr().err
+
+
+BAD = [
+    ("nocolon", "not of the form MODULE:FUNCTION"),
+    ("no_such_module_xyz:make", "importing no_such_module_xyz raised ModuleNotFoundError"),
+    ("user_factories:missing", "has no function 'missing' (it has: bad_loss, few_batches"),
+    ("user_factories:raises", "raised ValueError: no data here"),
+    ("user_factories:not_a_subject", "returned int: expected a harness.lab.diagnose.Subject"),
+    ("user_factories:no_model", "model is a str, not a torch.nn.Module"),
+    ("user_factories:few_batches", "its batches gave 1, diagnose needs 4 (--steps"),
+    ("user_factories:bad_loss", "its first training step failed under fp32: RuntimeError: shape"),
+]
+
+
+@pytest.mark.parametrize(("spec", "says"), BAD, ids=[b[0] for b in BAD])
+def test_a_bad_factory_is_an_error_naming_it(tmp_path, monkeypatch, capsys, spec, says):
+    (tmp_path / "user_factories.py").write_text(FACTORIES)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["diagnose", spec, "--device", "cpu", "--steps", str(STEPS), "--no-mlflow"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"factory {spec!r}" in err and says in err, err
+    assert not (tmp_path / "reports").exists()  # nothing written for a factory that failed
+
+
+# --- the command: file, MLflow, terminal, report ---------------------------------------------
+
+
+def test_the_command_keeps_the_diagnosis_in_a_file_in_mlflow_and_in_the_report(tmp_path):
+    reports = tmp_path / "reports"
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "harness.cli", *args], cwd=tmp_path, capture_output=True,
+            text=True, timeout=300,
+        )  # fmt: skip
+
+    ran = cli("diagnose", "harness.lab.diagnose_examples:fragile", "--device", "cpu",
+              "--steps", "3", "--reports", str(reports))  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert "amplifier" in ran.stdout and "keep layers in fp32 or use bf16" in ran.stdout
+    (saved,) = (reports / "diagnoses").glob("harness.lab.diagnose_examples_fragile-*.json")
+    kept = json.loads(saved.read_text())
+    assert kept["runs"]["amp-fp16"]["status"] == KEEP_IN_FP32
+    assert "in experiment 'amp-harness-diagnose'" in ran.stdout
+
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{reports / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("amp-harness-diagnose")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.data.tags["status.amp-fp16"] == KEEP_IN_FP32
+    assert run.data.tags["status.amp-bf16"] == SAFE and run.data.params["steps"] == "3"
+    # Its file beside the store, as the scenarios' artifacts are: not in MLflow's ./mlruns.
+    assert (reports / "mlartifacts" / run.info.run_id / "artifacts" / saved.name).is_file()
+    assert not (tmp_path / "mlruns").exists()
+
+    # The report shows it beside the scenarios' ledger.
+    scenario = subprocess.run(
+        [sys.executable, "-m", "pytest", "scenarios/test_formats.py", "-k", "bytes",
+         "--amp-device=cpu", f"--amp-reports={reports}", "-p", "no:cacheprovider", "-q"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert scenario.returncode == 0, scenario.stdout[-2000:]
+    built = cli("report", "--reports", str(reports), "--baseline", "none")
+    assert built.returncode == 0, built.stderr
+    page = (reports / "report" / "index.html").read_text()
+    assert 'id="diagnoses"' in page and "harness.lab.diagnose_examples:fragile" in page
+    summary = (reports / "report" / "summary.md").read_text()
+    assert "- amp-fp16: **keep layers in fp32 or use bf16**: keep amplifier in fp32" in summary
+
+
+def test_an_unreachable_tracking_server_loses_nothing(tmp_path, capsys):
+    code = main(["diagnose", "harness.lab.diagnose_examples:mlp", "--device", "cpu", "--steps", "2",
+                 "--recipes", "amp-bf16", "--reports", str(tmp_path),
+                 "--tracking-uri", "http://127.0.0.1:9"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "MLflow: not logged" in out
+    (saved,) = (tmp_path / "diagnoses").glob("*.json")
+    assert out.rstrip().endswith(f"the diagnosis is in {saved}")
+
+
+# --- the rules: never "safe" without the evidence ----------------------------------------------
+
+
+def test_an_op_inside_a_forward_is_seen_and_named():
+    import zoo
+
+    found = diagnose.diagnose(zoo.exp_forward, "cpu", steps=STEPS, names=["amp-fp16"])
+    run = found.runs["amp-fp16"]
+    assert run.first_nonfinite == (1, "model:exp")
+    assert run.status == KEEP_IN_FP32 and "the exp in the model's own forward" in run.reasons[0]
+    # The leaf modules around it stay finite: a module-only probe would blame `head`.
+    assert found.runs["fp32"].ops["head:addmm"].peak < 100
+
+
+def test_a_scaler_that_takes_no_step_is_never_safe():
+    import zoo
+
+    found = diagnose.diagnose(zoo.raw_targets, "cpu", steps=STEPS, names=["amp-fp16"])
+    run = found.runs["amp-fp16"]
+    # The loss never moved, so it "matches" fp32's: the old drift rule called this safe.
+    assert run.skipped == STEPS and run.status == diagnose.UNSTABLE
+    assert f"the scaler took 0 of {STEPS} steps" in run.reasons[0]
+
+
+def _judged(reference_loss, loss, noise=0.0, skips=None, scale=None):
+    from harness.lab.diagnose_rules import Diagnosis, Run
+
+    reference = Run("fp32", loss=reference_loss)
+    run = Run(
+        "amp-fp16", loss=loss, skips=skips or [False] * len(loss),
+        scale=scale or [65536.0] * len(loss),
+    )  # fmt: skip
+    found = Diagnosis("f", "cpu", "t", len(loss), {"fp32": reference, "amp-fp16": run}, noise=noise)
+    diagnose.judge(reference, found)
+    diagnose.judge(run, found)
+    return run
+
+
+@pytest.mark.parametrize(
+    ("loss", "skips", "scale", "says"),
+    [
+        ([1.0, float("inf"), 1.0, 1.0], None, None, "1 of 4 losses non-finite, from step 2"),
+        ([1.0] * 4, [True, True, True, False], None, "the scaler took 1 of 4 steps"),
+        ([1.0] * 4, [True, False, False, False], [65536, 32768, 0.5, 0.5], "collapsed below 1"),
+        ([1.0] * 4, [False, False, True, False], None, "1 step(s) skipped after training"),
+    ],
+    ids=["inf-loss", "minority-taken", "scale-collapse", "late-skip"],
+)
+def test_no_rule_lets_a_broken_run_be_safe(loss, skips, scale, says):
+    run = _judged([1.0] * 4, loss, skips=skips, scale=scale)
+    assert run.status == diagnose.UNSTABLE and any(says in r for r in run.reasons), run.reasons
+
+
+def test_a_clean_run_is_safe():  # the control of the four above
+    assert _judged([1.0] * 4, [1.0] * 4).status == SAFE
+
+
+def test_drift_is_a_finding_only_beyond_fp32s_own_spread():
+    reference, drifted = [2.0, 1.5, 1.0, 1.0], [2.0, 1.5, 1.2, 1.2]  # 20% at the end
+    assert _judged(reference, drifted, noise=0.01).status == diagnose.DRIFTS
+    assert _judged(reference, drifted, noise=0.15).status == SAFE  # fp32 moves as much itself
+    # A loss near zero: a large relative gap under the floor of the loss's own units.
+    assert _judged([1.0, 0.5, 1e-6, 1e-6], [1.0, 0.5, 3e-6, 3e-6]).status == SAFE
+
+
+def test_the_forecast_extends_the_growth_and_says_where_it_reaches_65504():
+    from harness.lab.diagnose_rules import OpRange, Run, forecast
+
+    run = Run("fp32")
+    run.ops["ff.wo:mm"] = OpRange("float32", peak=4000, peaks=[1000, 2000, 3000, 4000])
+    run.ops["flat:mm"] = OpRange("float32", peak=4000, peaks=[4000, 4000, 4000, 4000])
+    ahead = forecast(run, horizon=1000)
+    assert ahead.op == "ff.wo:mm" and ahead.step == 4 + 62  # (65504 - 4000) / 1000 per step
+    assert forecast(run, horizon=50) is None  # beyond the horizon: no forecast
+
+
+def test_a_fp32_reference_that_diverges_judges_nothing_and_exits_1(tmp_path, monkeypatch, capsys):
+    (tmp_path / "user_nan.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "def make():\n"
+        "    torch.manual_seed(0)\n"
+        "    x = torch.randn(8, 4)\n"
+        "    return nn.Linear(4, 1), [(x, x[:, :1])] * 8, lambda o, y: (o * float('nan')).sum()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["diagnose", "user_nan:make", "--device", "cpu", "--steps", "3", "--no-mlflow"])
+    captured = capsys.readouterr()
+    assert code == 1 and "not judged" in captured.out and "no recipe is judged" in captured.out
+    assert "safe" not in captured.out.replace("unsafe", "")
+
+
+def test_a_capability_regression_is_shown_and_exits_1(monkeypatch, tmp_path, capsys):
+    from harness.lab.devices import DeviceInfo, Lack
+
+    real = DeviceInfo.missing
+
+    def missing(self, *needs, **kwargs):
+        if "bf16_autocast" in needs:
+            return Lack("bf16_autocast", "capability regression: bf16 autocast expected", True)
+        return real(self, *needs, **kwargs)
+
+    monkeypatch.setattr(DeviceInfo, "missing", missing)
+    code = main(["diagnose", "harness.lab.diagnose_examples:mlp", "--device", "cpu", "--steps", "2",
+                 "--recipes", "amp-bf16", "--reports", str(tmp_path), "--no-mlflow"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1 and "capability regression" in out and "not run" not in out
+    # Control: the same recipe, really absent, is "not run" and the command succeeds.
+    monkeypatch.setattr(
+        DeviceInfo, "missing", lambda self, *n, **k: Lack("bf16_autocast", "absent here")
+    )
+    code = main(["diagnose", "harness.lab.diagnose_examples:mlp", "--device", "cpu", "--steps", "2",
+                 "--recipes", "amp-bf16", "--reports", str(tmp_path), "--no-mlflow"])  # fmt: skip
+    assert code == 0 and "not run" in capsys.readouterr().out
+
+
+HOSTILE = """
+import time
+import torch
+from torch import nn
+
+def exits():
+    raise SystemExit(0)
+
+class Sleeper(nn.Linear):
+    def forward(self, x):
+        time.sleep(30)
+        return super().forward(x)
+
+def hangs():
+    x = torch.randn(4, 2)
+    return Sleeper(2, 2), [(x, torch.zeros(4, dtype=torch.long))] * 8, nn.functional.cross_entropy
+
+def huge():
+    x = torch.zeros(1024, 1024)
+    return nn.Linear(1024, 2), iter(lambda: (x, torch.zeros(1024, dtype=torch.long)), None), (
+        nn.functional.cross_entropy
+    )
+"""
+
+
+@pytest.mark.parametrize(
+    ("spec", "options", "says"),
+    [
+        ("user_hostile:exits", [], "raised SystemExit: 0"),
+        ("user_hostile:hangs", ["--step-timeout", "1"], "ran past 1 s (--step-timeout): stopped"),
+        (
+            "user_hostile:huge",
+            ["--steps", "100000000"],
+            "GiB in memory (at most 2 GiB): lower --steps",
+        ),
+    ],
+    ids=["system-exit", "hang", "huge-steps"],
+)
+def test_a_hostile_factory_ends_with_an_error_naming_it(
+    tmp_path, monkeypatch, capsys, spec, options, says
+):
+    (tmp_path / "user_hostile.py").write_text(HOSTILE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["diagnose", spec, "--device", "cpu", "--no-mlflow", *options])
+    err = capsys.readouterr().err
+    assert code == 2 and f"factory {spec!r}" in err and says in err, err
+
+
+def test_a_diagnosis_that_cannot_be_saved_is_printed_first(tmp_path, capsys):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    code = main(["diagnose", "harness.lab.diagnose_examples:mlp", "--device", "cpu", "--steps", "2",
+                 "--recipes", "amp-bf16", "--reports", str(blocked), "--no-mlflow"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 1 and "amp-bf16" in captured.out and "safe" in captured.out
+    assert "the diagnosis above was not saved" in captured.err and "--reports" in captured.err
+
+
+def test_verify_shorter_than_the_quick_look_is_an_error(capsys):
+    code = main(["diagnose", "harness.lab.diagnose_examples:mlp", "--device", "cpu", "--steps", "8",
+                 "--verify", "4", "--no-mlflow"])  # fmt: skip
+    assert code == 2 and "--verify 4: at least --steps (8) steps" in capsys.readouterr().err

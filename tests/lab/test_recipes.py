@@ -1,0 +1,161 @@
+"""Recipes: what each one does to the model, the autocast context, the scaler and TF32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.common.errors import HarnessError
+from harness.lab import devices, recipes, tf32
+
+CPU = devices.resolve("cpu")
+
+
+def one_step(name: str, loss_factor: float = 1.0) -> tuple[recipes.Precision, recipes.StepReport]:
+    torch.manual_seed(0)
+    with recipes.get(name).bind(CPU) as precision:
+        model = precision.prepare(torch.nn.Linear(8, 4))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with precision.forward():
+            out = model(precision.cast_input(torch.randn(16, 8)))
+            loss = out.float().pow(2).mean() * loss_factor
+        precision.backward(loss)
+        return precision, precision.step(optimizer)
+
+
+def test_unknown_recipe_names_the_known_ones_and_the_closest():
+    with pytest.raises(HarnessError, match=r"unknown recipe 'amp_fp16'.*closest: amp-fp16"):
+        recipes.get("amp_fp16")
+
+
+def test_tf32_on_the_cpu_is_unsupported_with_a_reason():
+    with pytest.raises(recipes.RecipeUnsupported, match=r"recipe tf32 needs CUDA"):
+        recipes.get("tf32").bind(CPU)
+
+
+class OldFlags:
+    """torch 2.4-2.8's switches: allow_tf32 only, no fp32_precision."""
+
+    def __init__(self, allow_tf32: bool):
+        self.allow_tf32 = allow_tf32
+
+
+class NewFlags:
+    """torch 2.9+'s switches, with the old flag deprecated: reading or setting it warns (an error
+    under filterwarnings = error), as a release that drops it would fail."""
+
+    def __init__(self, fp32_precision: str, **children):
+        object.__setattr__(self, "fp32_precision", fp32_precision)
+        for name, child in children.items():
+            object.__setattr__(self, name, child)
+
+    def __getattr__(self, name):
+        if name == "allow_tf32":
+            raise FutureWarning("allow_tf32 is deprecated: use fp32_precision")
+        raise AttributeError(name)
+
+    def __setattr__(self, name, value):
+        if name == "allow_tf32":
+            raise FutureWarning("allow_tf32 is deprecated: use fp32_precision")
+        object.__setattr__(self, name, value)
+
+
+@pytest.fixture(params=["fp32_precision", "allow_tf32"])
+def tf32_api(request, monkeypatch):
+    """Each TF32 API in turn, in place of this build's; yields (api, matmul, conv switches)."""
+    if request.param == "allow_tf32":
+        matmul, cudnn = OldFlags(True), OldFlags(True)
+        monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+        monkeypatch.setattr(torch.backends, "cudnn", cudnn)
+        yield request.param, matmul, cudnn
+        return
+    matmul = NewFlags("tf32")
+    conv = NewFlags("tf32")
+    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+    monkeypatch.setattr(torch.backends, "cudnn", NewFlags("none", conv=conv))
+    monkeypatch.setattr(torch.backends, "fp32_precision", "none", raising=False)
+    yield request.param, matmul, conv
+
+
+def _setting(switch) -> object:
+    return switch.allow_tf32 if isinstance(switch, OldFlags) else switch.fp32_precision
+
+
+def test_each_tf32_api_is_driven_and_restored_alone(tf32_api):
+    api, matmul, conv = tf32_api
+    assert tf32.new_tf32_api() == (api == "fp32_precision")
+    before = (_setting(matmul), _setting(conv))
+    assert tf32.tf32_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True}
+    with recipes.get("fp32").bind(CPU):
+        off = {"fp32_precision": "ieee", "allow_tf32": False}[api]
+        assert (_setting(matmul), _setting(conv)) == (off, off)
+        assert tf32.tf32_flags() == {"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}
+    assert (_setting(matmul), _setting(conv)) == before  # restored exactly
+
+
+def test_fp32_precision_none_inherits_then_defaults(monkeypatch):
+    # "none" defers to the level above (cudnn, then torch.backends); unset everywhere, torch's
+    # defaults: TF32 off for matmuls (since 1.12), on for cuDNN convolutions.
+    matmul, conv = NewFlags("none"), NewFlags("none")
+    cudnn = NewFlags("none", conv=conv)
+    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+    monkeypatch.setattr(torch.backends, "cudnn", cudnn)
+    monkeypatch.setattr(torch.backends, "fp32_precision", "none", raising=False)
+    assert tf32.tf32_flags() == {"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": True}
+    monkeypatch.setattr(torch.backends, "fp32_precision", "tf32")
+    assert tf32.tf32_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True}
+    object.__setattr__(cudnn, "fp32_precision", "ieee")
+    assert tf32.tf32_flags() == {"cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": False}
+
+
+def test_this_builds_tf32_switches_are_restored_after_a_recipe():
+    before = tf32.tf32_flags()
+    with recipes.get("fp32").bind(CPU):
+        assert not any(tf32.tf32_flags().values())
+    assert tf32.tf32_flags() == before
+
+
+@pytest.mark.parametrize(
+    ("name", "out_dtype", "param_dtype", "scale"),
+    [
+        ("fp32", torch.float32, torch.float32, 1.0),
+        ("amp-fp16", torch.float16, torch.float32, 65536.0),
+        ("amp-fp16-noscaler", torch.float16, torch.float32, 1.0),
+        ("amp-bf16", torch.bfloat16, torch.float32, 1.0),
+        ("half", torch.float16, torch.float16, 1.0),
+    ],
+)
+def test_each_recipe_on_the_cpu(name, out_dtype, param_dtype, scale):
+    with recipes.get(name).bind(CPU) as precision:
+        model = precision.prepare(torch.nn.Linear(8, 4))
+        with precision.forward():
+            out = model(precision.cast_input(torch.randn(2, 8)))
+    assert (out.dtype, model.weight.dtype) == (out_dtype, param_dtype)
+    _, report = one_step(name)
+    assert report.scale == scale and not report.skipped and report.grad_norm > 0
+
+
+def test_the_scaler_is_bound_to_the_device_not_cuda():
+    precision, _ = one_step("amp-fp16")
+    assert precision.scaler.is_enabled()  # GradScaler() without a device is disabled on a CPU
+
+
+def test_grad_norm_is_reported_after_unscaling():
+    _, fp32 = one_step("fp32")
+    _, amp = one_step("amp-fp16")
+    assert amp.grad_norm == pytest.approx(fp32.grad_norm, rel=1e-2)  # not 65536 x larger
+
+
+def test_an_inf_gradient_is_a_skipped_step_with_a_backed_off_scale():
+    precision, report = one_step("amp-fp16", loss_factor=float("inf"))
+    assert report.skipped and report.scale == 65536.0
+    assert precision.scaler.get_scale() == 32768.0
+
+
+def test_a_wrapped_timing_arm_runs_with_its_recipes_tf32_flags(tf32_api):
+    seen = []
+    arm = recipes.get("fp32").bind(CPU).wrap(lambda: seen.append(tf32.tf32_flags()))
+    before = tf32.tf32_flags()
+    arm()
+    assert seen == [{"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}]
+    assert tf32.tf32_flags() == before  # restored after the call

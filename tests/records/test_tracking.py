@@ -1,0 +1,696 @@
+"""Tracking: the journal first, MLflow second, bounded calls, and a replay without duplicates."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+from servers import MlflowServer, free_port
+
+from harness.records.journal import Journal
+from harness.records.record import Record
+from harness.records.tracking import MlflowSink, Running, default_uri
+
+SCENARIOS = """
+import os, signal
+import pytest
+
+@pytest.mark.claim("FMT-BYTES")
+def test_first(record):
+    record.param(recipe="fp32", seed=0)
+    record.history(loss=[3.0, 2.5, 2.0], scale=[65536.0, 65536.0, 32768.0])
+    record.verdict("FMT-BYTES", "confirmed", "fp16 2 bytes, fp32 4 bytes")
+
+@pytest.mark.claim("FMT-BITS")
+def test_second(record):
+    pid = os.environ.get("KILL_SERVER_PID")
+    if pid:  # the tracking server dies in the middle of the session
+        os.killpg(int(pid), signal.SIGKILL)
+    record.verdict("FMT-BITS", "confirmed", "fp16 5+10 bits")
+
+@pytest.mark.claim("NUM-UNDERFLOW")
+def test_third(record):
+    record.verdict("NUM-UNDERFLOW", "partly", "2**-25 -> 0 but 5e-8 -> 5.96e-08")
+"""
+ENV_KEYS = (
+    "gpu_name",
+    "compute_capability",
+    "driver",
+    "cuda",
+    "cudnn",
+    "torch",
+    "python",
+    "harness",
+    "git_commit",
+    "tf32.cuda.matmul.allow_tf32",
+    "tf32.cudnn.allow_tf32",
+)
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    server = MlflowServer(tmp_path, free_port())
+    yield server
+    server.stop()
+
+
+def run_session(pytester, *args: str) -> tuple[pytest.RunResult, float]:
+    pytester.makepyfile(**{"scenarios/test_scn": SCENARIOS})
+    started = time.monotonic()
+    result = pytester.runpytest_inprocess(
+        "scenarios", "--amp-device=cpu", "-p", "no:cacheprovider",
+        f"--amp-reports={pytester.path / 'reports'}", *args,
+    )  # fmt: skip
+    return result, time.monotonic() - started
+
+
+def runs(uri: str) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("amp-harness")
+    return client.search_runs([experiment.experiment_id]) if experiment else []
+
+
+def journal(pytester) -> Journal:
+    return Journal(pytester.path / "reports" / "journal.jsonl")
+
+
+def test_embedded_store_gets_one_parent_and_one_child_per_test(pytester):
+    result, _ = run_session(pytester)
+    result.assert_outcomes(passed=3)
+    uri = f"sqlite:///{pytester.path / 'reports' / 'mlflow.db'}"
+    all_runs = runs(uri)
+    (parent,) = [r for r in all_runs if r.data.tags["amp.kind"] == "session"]
+    children = {
+        r.data.tags["amp.test"].split("::")[-1]: r
+        for r in all_runs
+        if r.data.tags["amp.kind"] == "test"
+    }
+    assert sorted(children) == ["test_first", "test_second", "test_third"]
+    # The runs list reads as verdicts (its name), the run page as evidence (its description).
+    assert children["test_first"].info.run_name == "FMT-BYTES confirmed · test_first"
+    note = children["test_first"].data.tags["mlflow.note.content"]
+    assert "**FMT-BYTES**: confirmed" in note and note.count("\n") >= 2
+    from mlflow import MlflowClient
+
+    experiment = MlflowClient(uri).get_experiment(parent.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert parent.info.status == "FINISHED" and parent.data.metrics["tests.passed"] == 3
+    assert parent.data.tags["amp.exitstatus"] == "0" and "amp.left_out" not in parent.data.tags
+    first = children["test_first"]
+    assert first.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert first.data.tags["claims"] == "FMT-BYTES"
+    assert first.data.tags["verdict.FMT-BYTES"] == "confirmed"
+    assert first.data.tags["outcome"] == "passed"
+    assert first.data.tags["status.FMT-BYTES"] == "confirmed"  # what counts, beside the outcome
+    assert {f"env.{k}" for k in ENV_KEYS} <= set(first.data.tags)
+    assert first.data.params["recipe"] == "fp32" and "device" in first.data.params
+    assert children["test_third"].data.tags["verdict.NUM-UNDERFLOW"] == "partly"
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    history = client.get_metric_history(first.info.run_id, "scale")
+    assert [(m.step, m.value) for m in history] == [(0, 65536.0), (1, 65536.0), (2, 32768.0)]
+    recorded = json.loads(
+        client.download_artifacts(first.info.run_id, "record.json", str(pytester.path))
+        and Path(pytester.path, "record.json").read_text()
+    )
+    assert recorded["verdicts"][0]["claim"] == "FMT-BYTES"
+
+
+def test_dead_server_costs_seconds_loses_nothing_and_sync_replays_once(
+    pytester, mlflow_server, monkeypatch
+):
+    """One story, because each start of a real server costs ~15 s on two cores: a session
+    against a port where nothing listens, then one whose server is killed after its first test,
+    then the server comes back and `sync` sends exactly what it lacks, once."""
+    uri = mlflow_server.uri
+    result, seconds = run_session(pytester, f"--tracking-uri={uri}")  # nothing listens yet
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["MLflow: * failed after *amp-harness sync*"])
+    assert seconds < 20, f"an unreachable server blocked the session for {seconds:.1f} s"
+
+    mlflow_server.start()
+    monkeypatch.setenv("KILL_SERVER_PID", str(mlflow_server.process.pid))
+    result, seconds = run_session(pytester, f"--tracking-uri={uri}")
+    result.assert_outcomes(passed=3)
+    assert seconds < 30, f"a server killed mid-session blocked it for {seconds:.1f} s"
+    records = [e for e in journal(pytester).entries() if e["type"] == "record"]
+    assert len(records) == 6  # every result of both sessions is in the journal
+
+    mlflow_server.stop()
+    mlflow_server.start()  # back, on the same database
+    names = sorted(r.info.run_name for r in runs(uri))
+    assert names[-1].endswith(" · test_first")  # only what got there
+    assert len(runs(uri)) == 2  # the second session's parent and its first child
+    first = MlflowSink(uri).sync(journal(pytester))
+    again = MlflowSink(uri).sync(journal(pytester))
+    assert (first["records_present"], first["records_sent"]) == (1, 5)
+    assert (again["records_present"], again["records_sent"]) == (6, 0)
+    all_runs = runs(uri)
+    assert len(all_runs) == 8  # two parents, six children: nothing missing, nothing twice
+    parents = [r for r in all_runs if r.data.tags["amp.kind"] == "session"]
+    assert {p.info.status for p in parents} == {"FINISHED"}  # ended from the journal
+
+
+def test_a_hanging_server_costs_one_bounded_call(pytester):
+    """A server that accepts connections and never answers: the first call times out, the
+    session goes on without MLflow, and the journal has everything."""
+    with socket.socket() as hanging:
+        hanging.bind(("127.0.0.1", 0))
+        hanging.listen(16)  # the kernel completes the handshakes; nobody ever reads
+        uri = f"http://127.0.0.1:{hanging.getsockname()[1]}"
+        result, seconds = run_session(pytester, f"--tracking-uri={uri}")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["MLflow: creating the session run failed after *"])
+    assert seconds < 15, f"a hanging server blocked the session for {seconds:.1f} s"
+    assert len([e for e in journal(pytester).entries() if e["type"] == "record"]) == 3
+
+
+def test_an_mlflow_that_cannot_be_imported_leaves_the_journal(pytester, monkeypatch):
+    """An incomplete install (seen: a GPU runner's wheelhouse without protobuf) is said once,
+    with the fix; the session runs on the journal alone instead of stopping with an internal
+    error, and `amp-harness sync` sends it later."""
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `from mlflow import ...` raises
+    result, _ = run_session(pytester)
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(
+        ["MLflow: MLflow cannot be imported (*): install it with its requirements*--no-mlflow*"]
+    )
+    assert "INTERNALERROR" not in result.stdout.str()
+    assert len([e for e in journal(pytester).entries() if e["type"] == "record"]) == 3
+
+
+def test_corrupt_journal_line_is_skipped_with_a_warning(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    good = Journal(path)
+    good.append({"type": "session", "session_id": "a"})
+    with path.open("a") as f:
+        f.write('{"type": "record", "sess\n')  # a line cut by a crash
+    good.append({"type": "session_end", "session_id": "a"})
+    with pytest.warns(UserWarning, match=r"journal.jsonl:2: skipped a corrupt journal line"):
+        entries = list(good.entries())
+    assert [e["type"] for e in entries] == ["session", "session_end"]
+
+
+def test_unknown_tracking_scheme_is_a_usage_error(pytester):
+    result, _ = run_session(pytester, "--tracking-uri=ftp://example/x")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unsupported tracking URI scheme 'ftp'*sqlite:///*"])
+
+
+def test_one_batch_per_test_beats_per_step_logging(tmp_path):
+    """Why histories go in one log_batch: measured side by side, in one process."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'bench.db'}"
+    steps = 1000  # the history length the issue prices: 27.8 s per-step vs 0.7 s batched
+    record = Record(
+        "scenarios/x.py::t",
+        ["PRACTICE-SMOKE"],
+        "cpu",
+        tmp_path,
+        outcome="passed",
+        ended=time.time(),
+        histories={"loss": [float(i) for i in range(steps)]},
+    )
+    session = {
+        "session_id": "s",
+        "name": "bench",
+        "started": time.time(),
+        "args": [],
+        "fingerprint": {},
+    }
+    sink = MlflowSink(uri, reports=tmp_path)
+    sink.start_session(session)
+    started = time.perf_counter()
+    sink.log_record(session, record)
+    batched = time.perf_counter() - started
+    client = MlflowClient(uri)
+    run_id = client.create_run(sink.experiment_id()).info.run_id
+    started = time.perf_counter()
+    for step, value in enumerate(record.histories["loss"]):
+        client.log_metric(run_id, "loss", value, step=step)
+    per_step = time.perf_counter() - started
+    assert sink.down is None
+    print(f"{steps}-step history: one log_batch {batched:.2f} s, per-step calls {per_step:.2f} s")
+    assert per_step > 3 * batched, (
+        f"{steps} steps: per-step {per_step:.2f} s, batch {batched:.2f} s"
+    )
+
+
+# --- nothing recorded is lost, hidden or logged twice (issue 12) -----------------------------
+
+
+def write_journal(
+    folder: Path, session_id: str = "s1", records: int = 3, ended: bool = True, name: str = ""
+) -> Journal:
+    """A journal holding one session of `records` passing results, ended or not."""
+    journal = Journal(folder / (name or "journal.jsonl"))
+    started = time.time()
+    journal.append({"type": "session", "session_id": session_id, "name": f"session {session_id}",
+                    "started": started, "host": "h", "args": [],
+                    "fingerprint": {"device": "cpu"}})  # fmt: skip
+    for i in range(records):
+        record = Record(f"scenarios/test_x.py::test_{i}", ["FMT-BYTES"], "cpu", folder,
+                        outcome="passed", ended=time.time())  # fmt: skip
+        record.metric(value=float(i))
+        record.history(loss=[3.0, 2.0, 1.0])
+        record.verdict("FMT-BYTES", "confirmed", f"fp16 2 bytes, fp32 4 bytes (run {i})")
+        journal.append({"type": "record", "session_id": session_id, "record": record.to_dict()})
+    if ended:
+        journal.append({"type": "session_end", "session_id": session_id, "ended": time.time(),
+                        "exitstatus": 0, "counts": {"passed": records}})  # fmt: skip
+    return journal
+
+
+def logged(uri: str) -> dict[str, list]:
+    """The active test runs of the store, by record id."""
+    found: dict[str, list] = {}
+    for run in runs(uri):
+        if run.data.tags.get("amp.kind") == "test":
+            found.setdefault(run.data.tags["amp.record_id"], []).append(run)
+    return found
+
+
+def assert_each_record_once_and_whole(journal: Journal, uri: str) -> None:
+    """Every record of the journal is in MLflow exactly once, ended, with its metrics."""
+    found = logged(uri)
+    records = {r.record_id: r for s in journal.sessions().values() for r in s.records}
+    assert set(found) == set(records)
+    for record_id, copies in found.items():
+        assert len(copies) == 1, f"record {record_id} logged {len(copies)} times"
+        (run,) = copies
+        assert run.info.status == "FINISHED" and run.data.tags["amp.complete"] == "true"
+        record = records[record_id]
+        assert set(run.data.metrics) == {*record.metrics, *record.histories}
+        assert run.data.params["device"] == record.device
+
+
+# A session process killed (kill -9) after MLflow created its second run and before the run's
+# metrics went out: what `mlflow.db` holds after a kill in the middle of a session.
+KILLED_MID_RECORD = """
+import os, signal, sys
+from pathlib import Path
+from harness.records.journal import Journal
+from harness.records.tracking import MlflowSink
+folder = Path(sys.argv[1])
+(session,) = Journal(folder / "journal.jsonl").sessions().values()
+sink = MlflowSink(f"sqlite:///{folder}/mlflow.db", reports=folder)
+sink.start_session(session.entry)
+sink.log_record(session.entry, session.records[0])
+sink.client.log_batch = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+sink.log_record(session.entry, session.records[1])
+"""
+
+
+def test_a_run_left_half_logged_by_a_killed_session_is_replaced_by_sync(tmp_path):
+    journal = write_journal(tmp_path, ended=False)  # killed: the journal never got its end
+    killed = subprocess.run([sys.executable, "-c", KILLED_MID_RECORD, str(tmp_path)], timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    half = [run for (run,) in logged(uri).values() if run.data.tags["amp.complete"] == "false"]
+    assert len(half) == 1 and half[0].data.metrics == {}  # the run MLflow made, and nothing else
+
+    counts = MlflowSink(uri, reports=tmp_path).sync(journal)
+    assert (counts["records_present"], counts["records_sent"]) == (1, 2)
+    assert (counts["records_replaced"], counts["sessions_killed"]) == (1, 1)
+    assert_each_record_once_and_whole(journal, uri)
+    (parent,) = [r for r in runs(uri) if r.data.tags["amp.kind"] == "session"]
+    assert parent.info.status == "KILLED"
+    assert "journal has no end for this session" in parent.data.tags["amp.end_reason"]
+
+    again = MlflowSink(uri, reports=tmp_path).sync(journal)
+    assert (again["records_present"], again["records_sent"], again["sessions_killed"]) == (3, 0, 0)
+    assert_each_record_once_and_whole(journal, uri)
+
+
+def test_a_result_mlflow_refuses_leaves_no_half_run_and_sync_sends_it(tmp_path):
+    from mlflow.exceptions import MlflowException
+
+    journal = write_journal(tmp_path)
+    (session,) = journal.sessions().values()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sink = MlflowSink(uri, reports=tmp_path)
+    sink.start_session(session.entry)
+    accept = sink.client.log_batch
+
+    def refuse(*args, **kwargs):
+        raise MlflowException.invalid_parameter_value("Param value had length 6001, limit 6000")
+
+    sink.client.log_batch = refuse
+    sink.log_record(session.entry, session.records[0])
+    sink.client.log_batch = accept
+    for record in session.records[1:]:
+        sink.log_record(session.entry, record)
+    assert sink.down is None  # one refused result does not cost the session its MLflow
+    assert sink.refused == [f"logging {session.records[0].test}: Param value had length 6001, "
+                            "limit 6000"]  # fmt: skip
+    assert session.records[0].record_id not in logged(uri)  # no half run that looks logged
+
+    counts = MlflowSink(uri, reports=tmp_path).sync(journal)
+    assert (counts["records_present"], counts["records_sent"]) == (2, 1)
+    assert_each_record_once_and_whole(journal, uri)
+
+
+def test_sync_leaves_a_session_that_still_runs_to_its_own_process(tmp_path):
+    journal = write_journal(tmp_path, ended=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    running = Running(tmp_path, "s1")  # what a live session holds
+    try:
+        counts = MlflowSink(uri, reports=tmp_path).sync(journal)
+        assert (counts["sessions_running"], counts["records_sent"]) == (1, 0)
+        assert runs(uri) == []  # neither logged twice nor ended as killed under its feet
+    finally:
+        running.close()
+    counts = MlflowSink(uri, reports=tmp_path).sync(journal)  # now it is over: killed
+    assert (counts["records_sent"], counts["sessions_killed"]) == (3, 1)
+
+
+SYNC_MEANWHILE = """
+import os, subprocess, sys
+from pathlib import Path
+import pytest
+
+@pytest.mark.claim("FMT-BYTES")
+def test_first(record):
+    record.verdict("FMT-BYTES", "confirmed", "fp16 2 bytes, fp32 4 bytes")
+
+@pytest.mark.claim("FMT-BITS")
+def test_sync_meanwhile(record):
+    synced = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "sync", "--reports", os.environ["AMP_REPORTS"]],
+        capture_output=True, text=True, timeout=300,
+    )
+    Path(os.environ["AMP_REPORTS"], "sync.out").write_text(synced.stdout + synced.stderr)
+    record.verdict("FMT-BITS", "confirmed", "fp16 5+10 bits")
+"""
+
+
+def test_a_sync_during_a_session_leaves_that_session_to_it(pytester, monkeypatch):
+    reports = pytester.path / "reports"
+    monkeypatch.setenv("AMP_REPORTS", str(reports))
+    pytester.makepyfile(**{"scenarios/test_scn": SYNC_MEANWHILE})
+    result = pytester.runpytest_inprocess(
+        "scenarios", "--amp-device=cpu", "-p", "no:cacheprovider", f"--amp-reports={reports}"
+    )
+    result.assert_outcomes(passed=2)
+    said = (reports / "sync.out").read_text()
+    assert "0 sessions, 0 results sent, 0 already there, 1 still running" in said, said
+    uri = default_uri(reports)
+    assert_each_record_once_and_whole(journal(pytester), uri)
+    (parent,) = [r for r in runs(uri) if r.data.tags["amp.kind"] == "session"]
+    assert parent.info.status == "FINISHED" and "amp.end_reason" not in parent.data.tags
+
+
+CONCURRENT_SYNC = """
+import json, sys, time
+from pathlib import Path
+import mlflow.store.tracking.sqlalchemy_store  # imported before the start: both start at once
+from harness.records.journal import Journal
+from harness.records.tracking import MlflowSink
+folder, start = Path(sys.argv[1]), float(sys.argv[2])
+while time.time() < start:
+    time.sleep(0.001)
+sink = MlflowSink(f"sqlite:///{folder}/mlflow.db", reports=folder)
+print(json.dumps(sink.sync(Journal(folder / "journal.jsonl"))))
+"""
+
+
+def test_two_syncs_at_once_log_each_record_once(tmp_path):
+    journal = write_journal(tmp_path, "s1", records=15)
+    write_journal(tmp_path, "s2", records=15)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowSink(uri, reports=tmp_path).experiment_id()  # the store exists: only sync is raced
+    start = str(time.time() + 8)  # both processes have imported MLflow by then
+    syncs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONCURRENT_SYNC, str(tmp_path), start],
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    counts = [json.loads(sync.communicate(timeout=300)[0]) for sync in syncs]
+    assert sorted(c["records_sent"] for c in counts) == [0, 30]  # one sent all, one waited
+    assert sorted(c["records_present"] for c in counts) == [0, 30]
+    assert_each_record_once_and_whole(journal, uri)
+    assert len([r for r in runs(uri) if r.data.tags["amp.kind"] == "session"]) == 2
+
+
+def test_a_quote_in_a_session_id_does_not_break_sync(tmp_path):
+    """MLflow's filter language has no escape for a quote: such an id (a journal written by
+    hand or by another tool) must not stop the sync of it or of any session after it."""
+    journal = write_journal(tmp_path, 'it\'s a "quoted" id', records=2)
+    write_journal(tmp_path, "plain", records=2)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = MlflowSink(uri, reports=tmp_path).sync(journal)
+    again = MlflowSink(uri, reports=tmp_path).sync(journal)
+    assert (first["sessions"], first["records_sent"]) == (2, 4)
+    assert (again["records_present"], again["records_sent"]) == (4, 0)
+    assert_each_record_once_and_whole(journal, uri)
+    sessions = [r for r in runs(uri) if r.data.tags["amp.kind"] == "session"]
+    parents = {r.data.tags["amp.session_id"] for r in sessions}
+    assert parents == {'it\'s a "quoted" id', "plain"}
+
+
+# --- a store that cannot be opened ----------------------------------------------------------
+
+
+def fresh(reports: Path) -> str:
+    """The store's URI spelt anew: this process's MLflow keeps, by URI, the connections it
+    opened to the file that was there before (moved aside since), and reads through them."""
+    return f"sqlite:///{reports}/./mlflow.db"
+
+
+def sync_in_a_new_process(reports: Path) -> subprocess.CompletedProcess:
+    """`amp-harness sync`, as a person runs it: in a process of its own (this one keeps MLflow's
+    connections to the store it opened, which moving the file aside does not close)."""
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", "sync", "--reports", str(reports)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_a_garbage_store_leaves_the_journal_and_sync_rebuilds_it(pytester):
+    reports = pytester.path / "reports"
+    reports.mkdir()
+    (reports / "mlflow.db").write_bytes(b"not a database, whatever it once was\n" * 200)
+    result, _ = run_session(pytester)
+    result.assert_outcomes(passed=3)
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines([
+        f"MLflow: cannot open the store {reports / 'mlflow.db'} (*file is not a database); "
+        "every result is in the journal: move the damaged store aside (`mv * *.broken`), then "
+        "`amp-harness sync --reports * --tracking-uri *` rebuilds it from the journal"
+    ])  # fmt: skip
+    (reports / "mlflow.db").rename(reports / "mlflow.db.broken")  # the fix it gives
+    synced = sync_in_a_new_process(reports)
+    assert synced.returncode == 0, synced.stderr
+    assert "1 sessions, 3 results sent, 0 already there" in synced.stdout
+    assert_each_record_once_and_whole(journal(pytester), fresh(reports))
+
+
+def test_a_truncated_store_says_how_to_recover(pytester):
+    run_session(pytester)[0].assert_outcomes(passed=3)
+    store = pytester.path / "reports" / "mlflow.db"
+    store.write_bytes(store.read_bytes()[: store.stat().st_size // 3])  # a copy cut short
+    result, _ = run_session(pytester)
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "MLflow: * (*malformed*); every result is in the journal: "
+            "move the damaged store aside*rebuilds it from the journal"
+        ]
+    )
+    store.rename(store.with_name("mlflow.db.broken"))
+    synced = sync_in_a_new_process(pytester.path / "reports")
+    assert synced.returncode == 0, synced.stderr
+    assert "2 sessions, 6 results sent" in synced.stdout
+    assert_each_record_once_and_whole(journal(pytester), fresh(pytester.path / "reports"))
+
+
+def test_a_new_store_is_made_without_mlflow_s_lines_on_the_terminal(tmp_path):
+    # In a new process: MLflow sets up its log handler once per process, on import.
+    made = subprocess.run(
+        [sys.executable, "-c", "import sys; from harness.records.tracking import client; "
+         "client(sys.argv[1]).search_experiments()", default_uri(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "mlflow.db").is_file()  # the tables were made...
+    assert "Creating initial MLflow database tables" not in made.stderr  # ...without saying so
+    assert "INFO" not in made.stderr, made.stderr
+
+
+HOLD_THE_STORE_LOCKED = """
+import sqlite3, sys
+from harness.records.tracking import client
+client(f"sqlite:///{sys.argv[1]}").search_experiments()  # a store with MLflow's tables
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.read()  # until the test closes stdin
+"""
+
+
+def test_a_store_locked_by_another_process_leaves_the_journal(pytester):
+    reports = pytester.path / "reports"
+    reports.mkdir()
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD_THE_STORE_LOCKED, str(reports / "mlflow.db")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as holder:  # fmt: skip
+        assert holder.stdout.readline().strip() == "locked"
+        result, seconds = run_session(pytester)
+        holder.stdin.close()  # it lets go
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["MLflow: cannot open the store * (*database is locked); every "
+                                 "result is in the journal: another process holds the store "
+                                 "locked: once it lets go, run `amp-harness sync *`"])  # fmt: skip
+    assert seconds < 60, f"a locked store held the session for {seconds:.1f} s"
+    synced = sync_in_a_new_process(reports)
+    assert synced.returncode == 0, synced.stderr
+    assert_each_record_once_and_whole(journal(pytester), default_uri(reports))
+
+
+def test_a_full_disk_under_the_store_leaves_the_journal(pytester, monkeypatch):
+    import sqlite3
+
+    from harness.records import tracking
+
+    def full(uri, set_aside=None):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(tracking, "client", full)
+    result, _ = run_session(pytester)
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["MLflow: cannot open the store * (database or disk is full); "
+                                 "every result is in the journal: free space on the disk of *, "
+                                 "then run `amp-harness sync *`"])  # fmt: skip
+    assert len([e for e in journal(pytester).entries() if e["type"] == "record"]) == 3
+
+
+FIRST_SESSION = """
+import sys, time
+from pathlib import Path
+import mlflow.store.tracking.sqlalchemy_store  # imported before the start: both start at once
+from harness.records.journal import Journal
+from harness.records.tracking import MlflowSink, default_uri
+folder, name, start = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+(session,) = Journal(folder / name).sessions().values()
+while time.time() < start:
+    time.sleep(0.001)
+sink = MlflowSink(default_uri(folder), reports=folder)
+sink.start_session(session.entry)
+for record in session.records:
+    sink.log_record(session.entry, record)
+print(sink.down or "logged")
+"""
+
+
+def test_two_first_sessions_on_a_new_store_both_log(tmp_path):
+    """Two sessions that open a store that does not exist yet, at the same moment: MLflow
+    creates the tables of an empty store as it opens it, and the second one used to fail
+    ("table experiments already exists") and stop its session."""
+    journals = [write_journal(tmp_path, f"s{i}", name=f"j{i}.jsonl") for i in (1, 2)]
+    start = str(time.time() + 8)  # both processes have imported MLflow by then
+    sessions = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_SESSION, str(tmp_path), j.path.name, start],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for j in journals
+    ]
+    outputs = [s.communicate(timeout=300) for s in sessions]
+    assert [out.strip().splitlines()[-1:] for out, _ in outputs] == [["logged"], ["logged"]], [
+        err[-2000:] for _, err in outputs
+    ]
+    found = logged(default_uri(tmp_path))
+    assert len(found) == 6 and all(len(copies) == 1 for copies in found.values())
+
+
+# --- where the store and its artifacts are --------------------------------------------------
+
+
+def test_a_moved_reports_folder_takes_its_artifacts_with_it(pytester):
+    run_session(pytester)[0].assert_outcomes(passed=3)
+    old, new = pytester.path / "reports", pytester.path / "elsewhere" / "reports"
+    new.parent.mkdir()
+    old.rename(new)
+    result, _ = run_session(pytester, f"--amp-reports={new}")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines([f"MLflow: the store moved from {old} to {new}: the artifact "
+                                 f"paths of its experiments and 4 runs now point into "
+                                 f"{new / 'mlartifacts'}"])  # fmt: skip
+    assert not old.exists(), "the second session wrote into the folder that was moved away"
+    uri = default_uri(new)
+    children = [r for r in runs(uri) if r.data.tags["amp.kind"] == "test"]
+    assert len(children) == 6
+    for run in children:  # old and new runs alike: their files are where the store is
+        assert run.info.artifact_uri.startswith((new / "mlartifacts").as_uri() + "/")
+        assert Path(run.info.artifact_uri.removeprefix("file://"), "record.json").is_file()
+
+
+@pytest.mark.parametrize("folder", ["we?ird", "hash#tag", "escape%41d"])
+def test_a_question_mark_or_hash_in_the_reports_path(pytester, folder):
+    from harness.records.tracking import client
+
+    reports = pytester.path / folder / "reports"
+    result, _ = run_session(pytester, f"--amp-reports={reports}")
+    result.assert_outcomes(passed=3)
+    assert (reports / "mlflow.db").is_file()
+    # No store beside it (SQLAlchemy reads what follows '?' as options), no folder named by
+    # the escaped path (MLflow creates the folder of the URI's text).
+    assert visible(pytester.path) == sorted(["scenarios", folder])
+    uri = default_uri(reports)
+    store = client(uri)
+    experiment = store.get_experiment_by_name("amp-harness")
+    children = [r for r in store.search_runs([experiment.experiment_id])
+                if r.data.tags["amp.kind"] == "test"]  # fmt: skip
+    assert len(children) == 3
+    for run in children:
+        local = Path(unquote(urlparse(run.info.artifact_uri).path))
+        assert local.is_relative_to(reports / "mlartifacts") and (local / "record.json").is_file()
+    counts = MlflowSink(uri, reports=reports).sync(journal_at(reports))
+    assert (counts["records_present"], counts["records_sent"]) == (3, 0)
+    assert visible(pytester.path) == sorted(["scenarios", folder])
+
+
+@pytest.mark.parametrize("folder", ["we?ird", "hash#tag"])
+def test_report_reads_a_store_whose_path_has_a_question_mark_or_hash(pytester, folder):
+    from harness.reports import report
+
+    reports = pytester.path / folder / "reports"
+    run_session(pytester, f"--amp-reports={reports}")[0].assert_outcomes(passed=3)
+    assert (reports / "mlflow.db").is_file()
+    assert report.build(default_uri(reports), reports / "report").is_file()
+
+
+def journal_at(reports: Path) -> Journal:
+    return Journal(reports / "journal.jsonl")
+
+
+def visible(folder: Path) -> list[str]:
+    """The names in `folder`, without the hidden ones (pytest-benchmark's .benchmarks)."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+
+
+def test_a_session_that_ran_part_of_the_suite_says_so_on_its_run(pytester):
+    """The report reads it: such a session never stands for the environment's whole suite."""
+    result, _ = run_session(pytester, "-k", "first")
+    result.assert_outcomes(passed=1)
+    uri = f"sqlite:///{pytester.path / 'reports' / 'mlflow.db'}"
+    (parent,) = [r for r in runs(uri) if r.data.tags["amp.kind"] == "session"]
+    assert parent.data.tags["amp.left_out"] == "tests selected with -k 'first'"
