@@ -20,19 +20,17 @@ from __future__ import annotations
 import functools
 import json
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.common.errors import HarnessError, closest
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, as the tomli package (a dependency there)
-    import tomli as tomllib
+from harness.common.toml import tomllib
 
 CATALOGUE_PATH = Path(__file__).with_name("claims.json")
-BUILTIN_TOML = (Path(__file__).with_name("claims_bf16.toml"),)
+BUILTIN_TOML = (
+    Path(__file__).with_name("claims_bf16.toml"),
+    Path(__file__).with_name("claims_autocast.toml"),
+)
 PROJECT_FILE = "claims.toml"
 DEFAULT_PROJECT = Path("scenarios") / PROJECT_FILE  # relative to the current folder
 VERDICTS = ("confirmed", "refuted", "partly", "inconclusive", "skipped")

@@ -1,0 +1,209 @@
+"""The autocast atlas: every documented autocast rule measured on a device and dtype.
+
+Each op of autocast_ops.CALLS is called inside `torch.autocast(device, dtype)`:
+- with float32 inputs: an op that computes in the autocast dtype returns it ("lower");
+- with inputs in the autocast dtype: an op that computes in float32 returns float32 ("float32");
+- for the ops the docs put on the promote list, with inputs of both dtypes: float32 ("promote");
+- otherwise the op runs in its input's dtype ("input").
+The dtype an op computed in is its first floating-point (or complex) output's; an op whose outputs
+are all integers (`matrix_rank`) is read from the dtype its kernel was given (probes.OpLog).
+Each result is then held against the documented lists of the running release (autocast_docs).
+
+Backward runs outside autocast, as in training; each input's gradient must come back in that
+input's dtype. An op missing from this build (the CPU docs named torch.eig up to 2.4, removed in
+2.0) is "absent", said and not counted.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from harness.lab import autocast_ops, probes
+from harness.lab.autocast_docs import Documented
+
+# How a behaviour is kept as a metric (one per op), so that the report and `baseline changes`
+# can read it back from MLflow and baselines.
+CODES = {"input": 0, "lower": 1, "float32": 2, "promote": 3, "raises": 4, "error": -1}
+BEHAVIOURS = {code: name for name, code in CODES.items()}
+NO_LIST = "no list"
+_REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32}
+_CASTS = {"_to_copy", "to", "clone", "copy_", "detach", "lift_fresh", "alias"}
+
+
+@dataclass
+class OpResult:
+    op: str
+    from_float32: torch.dtype | None  # what it computed in, given float32 inputs
+    from_low: torch.dtype | None  # given inputs in the autocast dtype
+    mixed: torch.dtype | None = None  # given both (measured for the documented promote ops)
+    error: str = ""  # the first line of what a call raised
+    grads_match: bool | None = None  # every input's gradient in that input's dtype (None: none)
+    behaviour: str = "input"
+
+    def describe(self) -> str:
+        if self.behaviour == "error":
+            return f"error: {self.error}"
+        return self.behaviour
+
+
+@dataclass
+class Check:
+    op: str
+    documented: str  # "lower", "float32", "promote", "raises" or NO_LIST
+    measured: str  # OpResult.describe()
+    holds: bool
+
+
+@dataclass
+class Atlas:
+    device: str
+    dtype: torch.dtype
+    results: dict[str, OpResult]
+    absent: list[str] = field(default_factory=list)  # documented, but not in this build
+
+
+def _computed_in(out, log: probes.OpLog) -> torch.dtype | None:
+    """The dtype the op computed in: its first floating-point output's, or, where it returns
+    integers only, the first floating-point dtype a kernel (not a cast) was given."""
+    for t in tree_leaves(out):
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+            return _REAL.get(t.dtype, t.dtype)
+    kernels = [op for op in log.ops if op.name not in _CASTS and op.inputs]
+    return kernels[0].inputs[0] if kernels else None
+
+
+def _backward(out, leaves: list[torch.Tensor]) -> bool | None:
+    """Backward outside autocast from the first differentiable output; whether each leaf's
+    gradient came back in the leaf's dtype (None: nothing to differentiate)."""
+    first = next(
+        (t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad), None
+    )
+    if first is None:
+        return None
+    try:
+        real = torch.view_as_real(first.resolve_conj()) if first.is_complex() else first
+        real.float().sum().backward()
+    except RuntimeError:  # no derivative for this op (or not in this dtype): nothing to hold
+        return None
+    grads = [(leaf.grad.dtype, leaf.dtype) for leaf in leaves if leaf.grad is not None]
+    return all(grad == dtype for grad, dtype in grads) if grads else None
+
+
+def _call(name: str, device: torch.device, dtype, low: torch.dtype, autocast: bool):
+    """One call of `name`: (the dtype it computed in, whether its gradients matched)."""
+    maker = autocast_ops.Maker(device, dtype, low)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated ops are called on purpose
+        with probes.OpLog() as log, torch.autocast(device.type, dtype=low, enabled=autocast):
+            out = autocast_ops.CALLS[name](maker)
+        computed = _computed_in(out, log)
+        return computed, _backward(out, maker.leaves)
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:200]
+
+
+def measure_op(
+    name: str, device: torch.device, low: torch.dtype, mixed: bool, autocast: bool = True
+) -> OpResult:
+    try:
+        from_float32, grads = _call(name, device, torch.float32, low, autocast)
+    except Exception as error:  # noqa: BLE001 - what the op raised is the measurement
+        return OpResult(name, None, None, error=_first_line(error), behaviour="raises")
+    result = OpResult(name, from_float32, None, grads_match=grads)
+    try:
+        result.from_low, grads = _call(name, device, low, low, autocast)
+        if mixed:
+            result.mixed, _ = _call(name, device, autocast_ops.MIXED, low, autocast)
+    except Exception as error:  # noqa: BLE001
+        result.error, result.behaviour = _first_line(error), "error"
+        return result
+    result.grads_match = (
+        None
+        if result.grads_match is None and grads is None
+        else bool(result.grads_match is not False and grads is not False)
+    )
+    if from_float32 == low:
+        result.behaviour = "lower"
+    elif result.from_low == torch.float32:
+        result.behaviour = "float32"
+    elif mixed and result.mixed == torch.float32:
+        result.behaviour = "promote"
+    return result
+
+
+def measure(
+    device: torch.device, low: torch.dtype, documented: Documented, autocast: bool = True
+) -> Atlas:
+    """Every op of autocast_ops.CALLS on `device` under autocast to `low` (or, for the negative
+    control, with autocast off); the documented promote ops also with mixed inputs."""
+    results = {
+        name: measure_op(
+            name, device, low, listed(name, documented, device.type) == "promote", autocast
+        )
+        for name in autocast_ops.CALLS
+    }
+    absent = [name for name in autocast_ops.REMOVED if documented.of(name)]
+    return Atlas(device.type, low, results, absent)
+
+
+def own_rule(name: str, device: str) -> bool:
+    """Whether autocast registers a rule of its own for the aten op `name` reaches on `device`
+    (Autocast<Device> has a kernel for it), as opposed to an op whose dtype changes only
+    downstream of a listed op it is made of (`tensordot` is `mm`s)."""
+    key = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}[device]
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(
+            f"aten::{autocast_ops.aten(name)}", key
+        )
+    except RuntimeError:  # no aten op of that name: a composite of others
+        return False
+
+
+def listed(name: str, documented: Documented, device: str) -> str:
+    """The list the docs put `name` on, under any spelling of its aten op ("raises" for an op
+    documented to raise inside autocast on CUDA; NO_LIST for none)."""
+    if device == "cuda" and name in documented.banned:
+        return "raises"
+    by_aten = {autocast_ops.aten(op): where for op, where in documented.lists.items()}
+    return documented.of(name) or by_aten.get(autocast_ops.aten(name)) or NO_LIST
+
+
+def judge(atlas: Atlas, documented: Documented) -> dict[str, list[Check]]:
+    """Each op held against the documented list it is on, grouped by list. An op on no list must
+    run in its input's dtype, or change it only downstream of a listed op it is made of; a rule
+    of its own that the docs do not list, or an error, is a mismatch. "grads": every op whose
+    backward ran, its inputs' gradients in their own dtypes."""
+    checks: dict[str, list[Check]] = {"lower": [], "float32": [], "promote": [], NO_LIST: []}
+    for name, result in atlas.results.items():
+        where = listed(name, documented, atlas.device)
+        measured = result.describe()
+        if where == NO_LIST:
+            kept = (result.from_float32, result.from_low) == (torch.float32, atlas.dtype)
+            downstream = result.behaviour != "error" and not own_rule(name, atlas.device)
+            holds = kept or downstream
+            if not kept and downstream:
+                measured += ", downstream of a listed op"
+            elif not kept and result.behaviour != "error":
+                measured += ", a rule of its own"
+        else:
+            holds = {
+                "lower": result.from_float32 == atlas.dtype,
+                "float32": result.from_low == torch.float32,
+                "promote": result.mixed == torch.float32,
+                "raises": result.behaviour == "raises",
+            }[where]
+        group = "float32" if where == "raises" else where
+        checks[group].append(Check(name, where, measured, holds))
+    checks["grads"] = [
+        Check(name, "input's dtype", "matches" if r.grads_match else "differs", bool(r.grads_match))
+        for name, r in atlas.results.items()
+        if r.grads_match is not None
+    ]
+    return checks

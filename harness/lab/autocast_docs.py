@@ -1,0 +1,95 @@
+"""PyTorch's documented autocast op lists, per device and release (autocast_lists.toml, cited).
+
+`documented("cpu", "2.13.0+cpu")` is what the "Autocast Op Reference" of that release's docs
+says: op name -> the list that names it ("lower", "float32" or "promote"). The CPU's float16
+shares the bfloat16 lists (documented since 2.5, the release that brought CPU float16 autocast);
+CUDA's lists name float16 and hold for bfloat16 too. A release newer than the last one read is
+given the last one's lists, and says so (`Documented.note`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.common.toml import tomllib
+
+LISTS_PATH = Path(__file__).with_name("autocast_lists.toml")
+LISTS = ("lower", "float32", "promote")
+DEVICES = ("cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class Documented:
+    release: str  # the release whose documentation is used: "2.13"
+    lists: dict[str, str]  # op name as the docs spell it -> "lower" | "float32" | "promote"
+    banned: tuple[str, ...]  # ops documented to raise inside an autocast region
+    note: str  # "" or why another release's documentation stands in for this one's
+
+    def of(self, name: str) -> str | None:
+        return self.lists.get(name)
+
+
+def release_of(version: str) -> tuple[int, int]:
+    """ "2.13.0+cpu" -> (2, 13)."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def _text(release: tuple[int, int]) -> str:
+    return f"{release[0]}.{release[1]}"
+
+
+@functools.cache
+def _data() -> dict:
+    with LISTS_PATH.open("rb") as f:
+        return tomllib.load(f)
+
+
+def releases_read() -> list[tuple[int, int]]:
+    return [release_of(r) for r in _data()["releases_read"]]
+
+
+def sources() -> list[dict]:
+    """The documentation read, per release: repository, path and commit."""
+    return list(_data()["source"])
+
+
+def documented(device: str, version: str) -> Documented:
+    """The documented lists of `device` ("cuda" or "cpu") for the torch `version` in use."""
+    read = releases_read()
+    asked = release_of(version)
+    # Every minor release from the first read to the last is read: outside them, the nearest.
+    release = min(max(asked, read[0]), read[-1])
+    note = ""
+    if release != asked:
+        note = (
+            f"torch {_text(asked)} is held to the lists of {_text(release)}, the nearest release "
+            f"whose documentation was read ({_text(read[0])} to {_text(read[-1])})"
+        )
+    lists: dict[str, str] = {}
+    data = _data()[device]
+    for name in LISTS:
+        table = data[name]
+        for op in table["ops"]:
+            lists[op] = name
+        for change in table.get("changed", []):
+            since = release_of(change["since"])
+            until = release_of(change["until"]) if "until" in change else None
+            if since <= release and (until is None or release < until):
+                lists[change["op"]] = name
+    banned = tuple(data.get("banned", {}).get("ops", ()))
+    return Documented(_text(release), lists, banned, note)
+
+
+def every_documented_op() -> list[str]:
+    """Every op any release's lists name, on any device: the atlas calls each on every device."""
+    data = _data()
+    names = []
+    for device in DEVICES:
+        for name in LISTS:
+            names += data[device][name]["ops"]
+            names += [c["op"] for c in data[device][name].get("changed", [])]
+        names += data[device].get("banned", {}).get("ops", [])
+    return list(dict.fromkeys(names))
