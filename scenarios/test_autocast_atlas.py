@@ -86,6 +86,14 @@ def test_the_documented_autocast_lists_hold(record, amp_device, low):
         documented_release=doc.release,
         documented_note=doc.note or "the running release's own documentation",
         absent=", ".join(atlas.absent) or "none",
+        # the report's atlas table marks these cells
+        mismatched_ops=",".join(
+            c.op
+            for group, found in checks.items()
+            if group != "grads"
+            for c in found
+            if not c.holds
+        ),
     )
     record.metric(
         **{f"op/{name}": autocast_atlas.CODES[r.behaviour] for name, r in atlas.results.items()}

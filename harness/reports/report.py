@@ -62,7 +62,7 @@ import harness
 from harness.catalogue import verdicts
 from harness.common import filenames, shown
 from harness.records import record, tracking
-from harness.reports import diagnoses, differences, table
+from harness.reports import atlas, diagnoses, differences, table
 from harness.records import environments as envs  # not `environments`: the ledger's columns
 from harness.catalogue.claims import catalogue
 from harness.common.errors import HarnessError
@@ -195,6 +195,7 @@ def build(
     differ = differences.find(
         (claim.id for claim, _cells in ledger), _columns_compared(environments, ledger)
     )
+    autocast_atlas = atlas.table(_atlas_columns(environments))
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     work.chmod(0o755)  # mkdtemp's 0o700 would hide the report from the people it is for
@@ -217,6 +218,8 @@ def build(
             "counts": counts,
             "ledger": ledger,
             "differences": differ,
+            "atlas": autocast_atlas,
+            "atlas_cell": atlas.cell_text,
             "uncovered": uncovered,
             "undecided": undecided,
             "diagnoses": diagnosed,
@@ -431,6 +434,24 @@ def _column(facts: dict[str, str], label: str, group: list[Session]) -> Environm
         tests=[run for _test, (run, _session) in sorted(latest.items())],
         session_of={run.info.run_id: session for run, session in latest.values()},
     )
+
+
+def _atlas_columns(environments: list[Environment]) -> list[atlas.Column]:
+    """A column of the autocast atlas per environment and dtype: its latest atlas runs that
+    passed (a failed one's measurement is not shown as valid)."""
+    return [
+        atlas.column(
+            f"{env.label}: {run.data.params.get('autocast_dtype', '?')}",
+            envs.fact(env.facts, "device"),
+            envs.fact(env.facts, "torch"),
+            run.data.metrics,
+            run.data.params,
+        )
+        for env in environments
+        for run in env.tests
+        if atlas.is_atlas_test(run.data.tags.get("amp.test", run.info.run_name))
+        and run.data.tags.get("outcome") == "passed"
+    ]
 
 
 def _incomplete(parent, tests: list) -> str:
@@ -716,6 +737,7 @@ def _markdown(context: dict) -> str:
         f"- **{cid}**: {_md(difference.summary())}"
         for cid, difference in context["differences"].items()
     ] or ["The environments agree on every claim they decided, key metrics included."]
+    lines += ["", "## Autocast atlas", "", *atlas.markdown(context["atlas"])]
     regressions = [
         f"- {_md(env.label)}: {_md(what)} (tests {_md(tests)}; claims {_md(claims)})"
         for env, found in zip(environments, context["regressions"], strict=True)

@@ -1,0 +1,121 @@
+"""The autocast atlas read back: op x (environment, dtype), from the records of
+scenarios/test_autocast_atlas.py (its `op/<name>` metrics, autocast_atlas.CODES, and its params
+`autocast_dtype` and `mismatched_ops`), each cell marked where the measurement and the documented
+list of that environment's torch release disagree.
+
+The report builds a column from each environment's latest atlas run (MLflow); `amp-harness
+baseline changes` lists, per hardware and dtype, the ops whose measured behaviour or documented
+list changed between the releases of the committed baselines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.common import shown
+from harness.lab import autocast_atlas, autocast_docs
+
+ATLAS_MODULE = "test_autocast_atlas.py::"
+PREFIX = "op/"
+
+
+@dataclass
+class Column:
+    label: str  # the environment, and the autocast dtype: "cpu x86_64 / torch 2.13.0+cpu: bfloat16"
+    device: str  # cpu, cuda
+    torch: str
+    behaviours: dict[str, str]  # op -> what it measured: "lower", "float32", "input", ...
+    mismatched: frozenset[str]  # the ops the scenario found disagreeing with the docs
+
+
+@dataclass
+class Cell:
+    measured: str
+    documented: str  # the list of that release's docs for that device ("no list" for none)
+    differs: bool
+
+
+@dataclass
+class Table:
+    columns: list[Column]
+    rows: list[tuple[str, list[Cell | None]]]  # op, a cell per column (None: not measured there)
+
+    def disagreeing(self) -> list[tuple[str, list[Cell | None]]]:
+        return [(op, cells) for op, cells in self.rows if any(c and c.differs for c in cells)]
+
+
+def is_atlas_test(test: str) -> bool:
+    return ATLAS_MODULE in test
+
+
+def behaviours(metrics: dict[str, float]) -> dict[str, str]:
+    """op -> behaviour, from a record's `op/<name>` metrics."""
+    return {
+        name.removeprefix(PREFIX): autocast_atlas.BEHAVIOURS.get(int(value), "?")
+        for name, value in metrics.items()
+        if name.startswith(PREFIX) and value == value  # NaN: nothing measured
+    }
+
+
+def column(label: str, device: str, torch: str, metrics: dict, params: dict) -> Column:
+    mismatched = frozenset(filter(None, params.get("mismatched_ops", "").split(",")))
+    return Column(label, device, torch, behaviours(metrics), mismatched)
+
+
+def table(columns: list[Column]) -> Table:
+    """The atlas across `columns`: ops disagreeing anywhere first, then the rest, by name."""
+    docs = [autocast_docs.documented(c.device, c.torch) for c in columns]
+    ops = sorted({op for c in columns for op in c.behaviours})
+    rows = []
+    for op in ops:
+        cells = [
+            Cell(c.behaviours[op], autocast_atlas.listed(op, doc, c.device), op in c.mismatched)
+            if op in c.behaviours
+            else None
+            for c, doc in zip(columns, docs, strict=True)
+        ]
+        rows.append((op, cells))
+    rows.sort(key=lambda row: not any(c and c.differs for c in row[1]))
+    return Table(columns, rows)
+
+
+def cell_text(cell: Cell | None) -> str:
+    if cell is None:
+        return "not measured"
+    return f"{cell.measured} ≠ documented {cell.documented}" if cell.differs else cell.measured
+
+
+def markdown(atlas: Table) -> list[str]:
+    """The ops that disagree somewhere, as a Markdown table (summary.md); the agreeing ones
+    counted."""
+    if not atlas.columns:
+        return ["No atlas run (scenarios/test_autocast_atlas.py) in these environments."]
+    wrong = atlas.disagreeing()
+    lines = [
+        f"{len(atlas.rows)} ops measured; {len(wrong)} disagree with their release's "
+        "documentation somewhere, the others agree everywhere they ran.",
+    ]
+    if wrong:
+        header = ["op", *(c.label for c in atlas.columns)]
+        lines += ["", _row(header), "|---" * len(header) + "|"]
+        lines += [_row([op, *(cell_text(c) for c in cells)]) for op, cells in wrong]
+    return lines
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(shown.markdown(c) for c in cells) + " |"  # labels are data
+
+
+def changes(columns: list[Column]) -> list[tuple[str, list[tuple[str, str]], list[tuple[str, str]]]]:
+    """Across the releases of one hardware and dtype (columns in release order): each op whose
+    measured behaviour or documented list differs, with (torch, value) for each release."""
+    found = []
+    for op in sorted({op for c in columns for op in c.behaviours}):
+        measured = [(c.torch, c.behaviours[op]) for c in columns if op in c.behaviours]
+        documented = [
+            (c.torch, autocast_atlas.listed(op, autocast_docs.documented(c.device, c.torch), c.device))
+            for c in columns
+        ]
+        if len({v for _t, v in measured}) > 1 or len({v for _t, v in documented}) > 1:
+            found.append((op, measured, documented))
+    return found
