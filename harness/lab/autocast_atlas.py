@@ -10,8 +10,9 @@ are all integers (`matrix_rank`) is read from the dtype its kernel was given (pr
 Each result is then held against the documented lists of the running release (autocast_docs).
 
 Backward runs outside autocast, as in training; each input's gradient must come back in that
-input's dtype. An op missing from this build (the CPU docs named torch.eig up to 2.4, removed in
-2.0) is "absent", said and not counted.
+input's dtype. An op that cannot be called in this build even without autocast (the CPU docs
+named torch.eig up to 2.4, removed in 2.0; torch.cholesky raises "removed" from 2.14) is
+"absent": named, not held against any list.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from harness.lab.autocast_docs import Documented
 
 # How a behaviour is kept as a metric (one per op), so that the report and `baseline changes`
 # can read it back from MLflow and baselines.
-CODES = {"input": 0, "lower": 1, "float32": 2, "promote": 3, "raises": 4, "error": -1}
+CODES = {"input": 0, "lower": 1, "float32": 2, "promote": 3, "raises": 4, "error": -1, "absent": -2}
 BEHAVIOURS = {code: name for name, code in CODES.items()}
 NO_LIST = "no list"
 _REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32}
@@ -63,7 +64,7 @@ class Atlas:
     device: str
     dtype: torch.dtype
     results: dict[str, OpResult]
-    absent: list[str] = field(default_factory=list)  # documented, but not in this build
+    absent: dict[str, str] = field(default_factory=dict)  # op -> what it raises without autocast
 
 
 def _computed_in(out, log: probes.OpLog) -> torch.dtype | None:
@@ -143,13 +144,16 @@ def measure(
 ) -> Atlas:
     """Every op of autocast_ops.CALLS on `device` under autocast to `low` (or, for the negative
     control, with autocast off); the documented promote ops also with mixed inputs."""
-    results = {
-        name: measure_op(
-            name, device, low, listed(name, documented, device.type) == "promote", autocast
-        )
-        for name in autocast_ops.CALLS
-    }
-    absent = [name for name in autocast_ops.REMOVED if documented.of(name)]
+    results, absent = {}, {}
+    for name in autocast_ops.CALLS:
+        mixed = listed(name, documented, device.type) == "promote"
+        result = measure_op(name, device, low, mixed, autocast)
+        if result.behaviour == "raises":
+            plain = measure_op(name, device, low, mixed=False, autocast=False)
+            if plain.behaviour == "raises":  # not autocast's doing: the op cannot run here
+                absent[name] = plain.error
+                continue
+        results[name] = result
     return Atlas(device.type, low, results, absent)
 
 

@@ -394,11 +394,16 @@ def aten(name: str) -> str:
     return ATEN.get(name, name)
 
 
-# Removed from torch (torch.eig, torch.lstsq, torch.solve, torch.symeig went in 2.0) but named in
-# the CPU docs up to 2.4: nothing to call.
-REMOVED = ("eig", "lstsq", "solve", "symeig")
+# Named in the CPU docs up to 2.4, removed from torch in 2.0: called all the same, so that the
+# atlas finds them gone (AttributeError) rather than being told.
+REMOVED = {
+    "eig": lambda m: torch.eig(m(4, 4)),
+    "lstsq": lambda m: torch.lstsq(m(4, 2), m(4, 3)),
+    "solve": lambda m: torch.solve(m(4, 2), m(4, 4, kind="spd")),
+    "symeig": lambda m: torch.symeig(m(4, 4, kind="spd")),
+}
 
 CALLS: dict[str, Callable[[Maker], object]] = {
     **CONV, **MATMUL, **POINTWISE, **REDUCTIONS, **LOSSES, **POOLS, **FFT, **LINALG, **PROMOTE,
-    **UNLISTED,
+    **UNLISTED, **REMOVED,
 }  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness.common import shown
 from harness.records import environments
-from harness.reports import differences
+from harness.reports import atlas, differences
 from harness.reports.compare import claim_verdicts, read_baseline
 from harness.common.errors import HarnessError
 from harness.lab.releases import version_key
@@ -88,10 +88,10 @@ def page(folder: Path) -> str:
         found = differences.find(claims, columns)
         if not found:
             lines.append("No claim's verdict or key metric differs between these releases.")
-            continue
-        lines += ["| claim | changed | before | after | evidence |", "|---|---|---|---|---|"]
-        for claim, difference in found.items():
-            lines.append(_row(claim, difference, group))
+        else:
+            lines += ["| claim | changed | before | after | evidence |", "|---|---|---|---|---|"]
+            lines += [_row(claim, difference, group) for claim, difference in found.items()]
+        lines += _atlas(group)
         incomplete = [s["file"] for s in group if not s.get("complete", True)]
         if incomplete:
             lines += ["", f"Saved incomplete (`--partial`): {', '.join(incomplete)}."]
@@ -120,6 +120,39 @@ def _row(claim: str, difference: differences.Difference, group: list[dict]) -> s
         " / ".join(evidence + difference.known),
     ]
     return "| " + " | ".join(shown.markdown(c) for c in cells) + " |"  # data: links nowhere
+
+
+def _atlas(group: list[dict]) -> list[str]:
+    """The ops of the autocast atlas whose measured behaviour or documented list changed between
+    the releases of `group`, per autocast dtype, each as runs of releases."""
+    by_dtype: dict[str, list[atlas.Column]] = {}
+    for summary in group:
+        torch = _fact(summary, "torch")
+        for test, entry in summary["tests"].items():
+            if atlas.is_atlas_test(test) and entry.get("outcome") == "passed":
+                dtype = test.rsplit("[", 1)[-1].rstrip("]")
+                column = atlas.column(torch, _fact(summary, "device"), torch, entry["metrics"], {})
+                by_dtype.setdefault(dtype, []).append(column)
+    lines = []
+    for dtype, columns in by_dtype.items():
+        found = atlas.changes(columns)
+        lines += ["", f"### Autocast atlas, {dtype}: ops that changed", ""]
+        if not found:
+            lines.append(
+                f"No op's measured behaviour or documented list differs between the releases "
+                f"({', '.join(c.torch for c in columns)})."
+            )
+            continue
+        lines += ["| op | measured | documented |", "|---|---|---|"]
+        for op, measured, documented in found:
+            cells = [op, _series(measured), _series(documented)]
+            lines.append("| " + " | ".join(shown.markdown(c) for c in cells) + " |")
+    return lines
+
+
+def _series(values: list[tuple[str, str]]) -> str:
+    """ "float32 (2.4.1) → lower (2.5.1 to 2.14.1)"."""
+    return " → ".join(_value("", run).removeprefix("= ") for run in _runs(values))
 
 
 def _runs(values: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:

@@ -37,8 +37,7 @@ def test_every_release_read_is_cited_with_its_commit():
 
 
 def test_every_documented_op_has_a_call():
-    missing = set(autocast_docs.every_documented_op()) - set(autocast_ops.CALLS)
-    assert missing == set(autocast_ops.REMOVED)
+    assert set(autocast_docs.every_documented_op()) <= set(autocast_ops.CALLS)
 
 
 def test_an_own_autocast_rule_is_told_from_a_listed_op_downstream():
