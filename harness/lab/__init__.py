@@ -9,5 +9,7 @@ Imports only harness.common. A scenario author's import surface is this package:
 - workloads: `models`, `data`, `train` (the training loop);
 - instruments: `probes`, `measure` (timing and memory), `stats`, `memory_model`, `speedups`,
   `smoke`, `figures` (curves a scenario attaches to its record), `distributed` (gloo ranks);
-- `diagnose*`: the pitfalls measured on a user's own model.
+- `diagnose*`: the pitfalls measured on a user's own model;
+- `autocast_docs`, `autocast_ops`, `autocast_atlas`: PyTorch's documented autocast lists, and
+  every op on them measured.
 """
