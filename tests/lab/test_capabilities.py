@@ -9,6 +9,7 @@ import contextlib
 import fnmatch
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -369,8 +370,14 @@ def scenario_needs(tmp_path_factory) -> dict[str, set[str]]:
     reader = _Requires()
     reports = tmp_path_factory.mktemp("reports")
     folder = REPO / "scenarios"
+    # Not as an xdist worker, though this one may be: on gw0, pytest-benchmark in the nested
+    # session would warn that xdist disabled the scenarios' benchmarks, an error here.
+    xdist = [name for name in os.environ if name.startswith("PYTEST_XDIST_")]
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # pytest's collection chatter
+        # redirect_stdout: pytest's collection chatter.
+        with pytest.MonkeyPatch.context() as env, contextlib.redirect_stdout(io.StringIO()):
+            for name in xdist:
+                env.delenv(name)
             code = pytest.main(
                 [str(folder), "--collect-only", "-q", "-p", "no:cacheprovider",
                  "--import-mode=importlib", "--no-mlflow", "--amp-device=cpu",
