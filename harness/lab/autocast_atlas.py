@@ -114,22 +114,19 @@ def measure_op(
     name: str, device: torch.device, low: torch.dtype, mixed: bool, autocast: bool = True
 ) -> OpResult:
     try:
-        from_float32, grads = _call(name, device, torch.float32, low, autocast)
+        from_float32, grads_float32 = _call(name, device, torch.float32, low, autocast)
     except Exception as error:  # noqa: BLE001 - what the op raised is the measurement
         return OpResult(name, None, None, error=_first_line(error), behaviour="raises")
-    result = OpResult(name, from_float32, None, grads_match=grads)
+    result = OpResult(name, from_float32, None, grads_match=grads_float32)
     try:
-        result.from_low, grads = _call(name, device, low, low, autocast)
+        result.from_low, grads_low = _call(name, device, low, low, autocast)
         if mixed:
             result.mixed, _ = _call(name, device, autocast_ops.MIXED, low, autocast)
     except Exception as error:  # noqa: BLE001
         result.error, result.behaviour = _first_line(error), "error"
         return result
-    result.grads_match = (
-        None
-        if result.grads_match is None and grads is None
-        else bool(result.grads_match is not False and grads is not False)
-    )
+    ran = [match for match in (grads_float32, grads_low) if match is not None]
+    result.grads_match = all(ran) if ran else None
     if from_float32 == low:
         result.behaviour = "lower"
     elif result.from_low == torch.float32:
