@@ -8,43 +8,72 @@ import shutil
 import sys
 from pathlib import Path
 
-# Imported once here, before any nested session: pytester's in-process runs drop the modules they
-# imported, and importing these a second time breaks them:
-# - MLflow's SQLAlchemy store (SQLAlchemy's caches hold the first import's classes);
-# - torch._dynamo, imported by optimizer.step() ("Only a single TORCH_LIBRARY can be used to
-#   register the namespace _inductor_test");
-# - matplotlib ("'Figure' object has no attribute 'items'" in the next figure drawn).
-import matplotlib.figure  # noqa: F401
 import pytest
-import torch
-import torch._dynamo  # noqa: F401
-import torch.nn.functional as F
-from torch.amp.grad_scaler import OptState
-
-try:
-    import mlflow.store.tracking.rest_store  # noqa: F401
-    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
-except ImportError:  # an offline GPU runner without the wheelhouse: scripts/gpu-check --no-mlflow
-    pass
-
-from harness.lab import devices
 
 pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
+def pytest_configure(config: pytest.Config) -> None:
+    worker = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+    if not worker and config.getoption("dist", "no") != "no":
+        return  # the controller of `pytest -n N` runs no test: its workers import what they need
+    _import_before_any_nested_session()
+    if worker:
+        import torch
+
+        # Workers share the cores: a second intra-op thread per worker only makes OpenMP's
+        # waiting threads compete with the other workers (the scenarios use one already).
+        torch.set_num_threads(1)
+
+
+def _import_before_any_nested_session() -> None:
+    """Imported once, before any nested session: pytester's in-process runs drop the modules
+    they imported, and importing these a second time breaks them:
+    - MLflow's SQLAlchemy store (SQLAlchemy's caches hold the first import's classes);
+    - torch._dynamo, imported by optimizer.step() ("Only a single TORCH_LIBRARY can be used to
+      register the namespace _inductor_test");
+    - matplotlib ("'Figure' object has no attribute 'items'" in the next figure drawn)."""
+    import matplotlib.figure  # noqa: F401
+    import torch._dynamo  # noqa: F401
+
+    try:
+        import mlflow.store.tracking.rest_store  # noqa: F401
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    except ImportError:  # an offline GPU runner without the wheelhouse: gpu-check --no-mlflow
+        pass
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own order (by fixture)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `pytest -n N --dist loadgroup` (the README's command) each xdist worker is handed
+    the next test as it frees up, in the order of the collection: the tests marked slow go
+    first, so that the long ones start early and run side by side while the short ones fill the
+    gaps, instead of one long test starting last and keeping the whole suite waiting for it.
+    (xdist's default, --dist load, sends each worker a run of consecutive tests at once: with
+    this order, the slow ones would queue up on one worker.)"""
+    if getattr(config.option, "loadgroup", False):  # set on the workers of --dist loadgroup
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
 def outside_xdist(monkeypatch):
-    """A nested pytest session (pytester) that is not an xdist worker though this one may be:
-    pytest-benchmark disables itself where PYTEST_XDIST_WORKER is set, and the nested session
-    would then write no benchmark JSON."""
+    """Every test's nested pytest sessions (pytester, pytest.main, a subprocess) are not xdist
+    workers though this one may be: pytest-benchmark disables itself where PYTEST_XDIST_WORKER
+    is set, so the nested session would write no benchmark JSON, and on worker gw0 it warns at
+    the nested session's end, an error under our filterwarnings that cuts that session's
+    unconfigure short and leaves its log file (/dev/null) open, a ResourceWarning in whichever
+    test the garbage collector then finds it. Module-scoped fixtures run before this one: a
+    nested session there removes these variables itself (tests/lab/test_capabilities.py)."""
     for name in [n for n in os.environ if n.startswith("PYTEST_XDIST_")]:
         monkeypatch.delenv(name)
 
 
 @pytest.fixture(scope="module")
 def one_thread():
+    import torch
+
     # Models this small gain nothing from intra-op threads, and when other processes share the
     # cores, OpenMP's waiting threads make each step ten times slower or worse.
     threads = torch.get_num_threads()
@@ -61,6 +90,8 @@ def run_scenario(pytester: pytest.Pytester, request: pytest.FixtureRequest):
     that is how tests/ shows each scenario fails when the behaviour it checks is broken.
     Journal only (no MLflow), on the CPU, reports under the pytester folder.
     """
+    from harness.lab import devices
+
     # The plugin probes the device (with torch.autocast, Module.to, GradScaler, ...) once per
     # process: probe now, before the test patches torch, so that a patch reaches the scenario's
     # measurement and not what the device is said to be capable of (a skip instead of a failure).
@@ -117,6 +148,8 @@ def half_in_larger_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the `half` recipe's fp16 parameters views of buffers twice their size: their dtype
     and shape say 2 bytes a value, their storages hold 4 (what harness.lab.measure.state_bytes
     reads), as if fp16 saved no memory."""
+    import torch
+
     from harness.lab import recipes
 
     prepare = recipes.Precision.prepare
@@ -145,6 +178,9 @@ def predict_as_before_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
 def promote_layer_norm(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make CPU autocast run layer_norm as CUDA's does, on its fp32 list: fp32 compute and an
     fp32 output, so its error drops from the fp16 level to the fp32 one."""
+    import torch
+    import torch.nn.functional as F
+
     layer_norm = F.layer_norm
 
     def promoted(x, *args, **kwargs):
@@ -157,6 +193,8 @@ def promote_layer_norm(monkeypatch: pytest.MonkeyPatch) -> None:
 def unscale_without_dividing(self, optimizer) -> None:
     """A broken GradScaler.unscale_: it still looks for inf/NaN (so step can skip) and marks the
     optimizer unscaled, but leaves the gradients scaled."""
+    from torch.amp.grad_scaler import OptState
+
     if not self.is_enabled():
         return
     self._check_inf_per_device(optimizer)
