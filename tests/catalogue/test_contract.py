@@ -570,6 +570,7 @@ def test_bytes(record):
 """
 
 
+@pytest.mark.slow
 def test_claims_kept_in_a_variable_are_read_by_collecting_the_module(tmp_path):
     good = MARK_IN_A_VARIABLE.format(ids='"FMT-BYTES"')
     assert problems(scenarios(tmp_path, test_scn=good)) == []
@@ -581,6 +582,7 @@ def test_claims_kept_in_a_variable_are_read_by_collecting_the_module(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_module_that_cannot_be_collected_says_why(tmp_path):
     source = "import no_such_module_here\n" + MARK_IN_A_VARIABLE.format(ids='"FMT-BYTES"')
     (problem,) = problems(scenarios(tmp_path, test_scn=source))

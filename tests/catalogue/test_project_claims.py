@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 CLAIM, STATEMENT = "TEAM-BF16-LOSS", "Our loss trains in bf16 without a GradScaler."
@@ -32,6 +33,7 @@ def run(*args: str, cwd) -> subprocess.CompletedProcess:
     return ran
 
 
+@pytest.mark.slow
 def test_a_new_claim_and_its_scenario_from_the_docs_alone(tmp_path):
     copy = tmp_path / "repo"
     shutil.copytree(REPO, copy, ignore=LEFT_OUT)

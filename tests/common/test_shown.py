@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 from sessions import CPU, log_session, make_record
 
@@ -114,6 +115,7 @@ def test_bytes(record):
     assert r"\x1b[2J\x1b]0;pwned\x07" in out  # -v: the evidence in full, each escape shown
 
 
+@pytest.mark.slow
 def test_summary_md_and_the_changes_page_keep_no_link_or_html(tmp_path):
     reports = tmp_path / "reports"
     sink = MlflowSink(default_uri(reports), reports=reports)
@@ -146,6 +148,7 @@ ASCII = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": 
 ASCII.pop("PYTHONIOENCODING", None)
 
 
+@pytest.mark.slow
 def test_an_ascii_terminal_lists_the_claims_escaped():
     """The article's statements are Chinese: `list` ended in a UnicodeEncodeError."""
     found = subprocess.run(
@@ -157,6 +160,7 @@ def test_an_ascii_terminal_lists_the_claims_escaped():
     assert "FMT-BITS" in found.stdout and "\\u" in found.stdout  # the article's text, escaped
 
 
+@pytest.mark.slow
 def test_an_ascii_terminal_prints_the_verdict_table_on_its_lines(pytester):
     """pytest escapes a whole text its stream cannot encode, new lines included: the table
     came out as one line with literal \\n."""

@@ -66,6 +66,7 @@ def test_sync_to_an_unknown_tracking_scheme_names_where_it_came_from(
     assert fnmatch.fnmatch(err, f"*{message}Use one of sqlite://*"), err
 
 
+@pytest.mark.slow
 def test_a_corrupt_journal_line_is_skipped_and_sync_replays_the_rest(tmp_path, capsys):
     from mlflow import MlflowClient
 
@@ -106,6 +107,7 @@ def test_a_metric_name_mlflow_refuses_is_an_error_before_anything_is_logged(tmp_
 # (tests/records/test_journal.py tries each in detail) ---
 
 
+@pytest.mark.slow
 def test_a_session_after_a_cut_journal_line_is_synced_and_compared(pytester, capsys):
     """A full disk or a crash cut the journal's last line; the next session is read whole:
     `sync` sends it, `compare last` and `baseline save` act on it."""
@@ -204,6 +206,7 @@ def test_a_full_disk_mid_session_stops_it_with_one_line_and_keeps_what_was_recor
     assert [json.loads(line)["type"] for line in lines] == ["session", "record"]
 
 
+@pytest.mark.slow
 def test_a_journal_line_nested_too_deeply_is_skipped_by_every_reader(pytester, capsys):
     """`{"type": "record", "record": ` and 100,000 `[`: json.loads would raise RecursionError in
     every reader; each skips the line with the warning other unreadable lines get, and reads the
@@ -235,6 +238,7 @@ def test_a_journal_line_nested_too_deeply_is_skipped_by_every_reader(pytester, c
                          str(reports / "again")]) == 0  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("lacks", "name"),
     [
@@ -287,6 +291,7 @@ def test_bits(record):
 """
 
 
+@pytest.mark.slow
 def test_text_that_is_not_utf8_is_escaped_and_the_session_goes_on(pytester, tmp_path):
     """Evidence, a param and a skip reason holding a file name decoded with surrogateescape,
     in a folder whose own name is not UTF-8 (the test's name): each is kept escaped (caf\\xe9)

@@ -38,6 +38,7 @@ def test_help_lists_every_command():
         assert command in text
 
 
+@pytest.mark.slow
 def test_run_list_baseline_and_report(tmp_path):
     shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
     shutil.copy(REPO / "tox.ini", tmp_path)
@@ -198,6 +199,7 @@ def test_ui_serves_a_store_whose_path_has_a_question_mark(tmp_path, monkeypatch)
     assert options["cwd"] == reports
 
 
+@pytest.mark.slow
 def test_sync_to_a_dead_or_hanging_server_is_one_line_without_the_password(tmp_path, capsys):
     session = {"type": "session", "session_id": "s1", "name": "n", "started": 0.0, "args": [],
                "fingerprint": {}}  # fmt: skip
@@ -219,6 +221,7 @@ def test_sync_to_a_dead_or_hanging_server_is_one_line_without_the_password(tmp_p
             assert "amp-secret-9" not in line  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_ui_stopped_with_sigterm_or_sighup_frees_its_port_and_leaves_nothing_running(
     tmp_path, stop
@@ -269,6 +272,7 @@ def _in_group(group: int) -> list[int]:
     ]
 
 
+@pytest.mark.slow
 def test_list_reads_the_claims_from_the_files_without_importing_torch(tmp_path):
     # What made `amp-harness list` take 5 s: collecting the scenarios imported torch.
     probe = (
@@ -287,6 +291,7 @@ def test_list_reads_the_claims_from_the_files_without_importing_torch(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_list_benchmark_takes_a_fraction_of_importing_torch(benchmark, tmp_path):
     """`amp-harness list` answers in under a second. pytest-benchmark records its time (the
     benchmark table, --benchmark-json); the check is a ratio measured side by side, so that a

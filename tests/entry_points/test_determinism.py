@@ -35,6 +35,7 @@ def computed(histories: dict[str, list]) -> dict[str, list]:
     return {k: v for k, v in histories.items() if not k.endswith(TIMING_SUFFIX)}
 
 
+@pytest.mark.slow
 def test_two_cpu_runs_with_the_same_seed_agree_exactly(pytester):
     (pytester.path / "scenarios").mkdir()
     for module in MODULES:

@@ -18,6 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_a_regular_install_runs_the_scenarios(tmp_path):
     source, site, work = tmp_path / "source", tmp_path / "site", tmp_path / "work"
     shutil.copytree(REPO / "harness", source / "harness")
@@ -48,6 +49,7 @@ def test_a_regular_install_runs_the_scenarios(tmp_path):
     ).stdout  # fmt: skip
 
 
+@pytest.mark.slow
 def test_sensitivity_tests_run_where_the_harness_is_not_installed():
     # As scripts/gpu-check runs them on a GPU runner: the plugin named with -p and found by no
     # entry point (autoloading off stands in for "not installed"), in the outer session and in
@@ -67,6 +69,7 @@ def test_sensitivity_tests_run_where_the_harness_is_not_installed():
 WORKFLOW = REPO / ".github" / "workflows" / "gpu-scenarios.yml"
 
 
+@pytest.mark.slow
 def test_the_gpu_workflow_runs_the_scenarios_per_environment_and_reports_across_them():
     import yaml
 

@@ -106,6 +106,7 @@ def test_tiny_gradients_need_loss_scaling_and_the_scaler_fixes_it():
     assert found.runs["amp-fp16"].status == SAFE  # GradScaler: the remedy it names
 
 
+@pytest.mark.slow
 def test_half_norm_layers_are_flagged_when_their_statistics_leave_fp16s_range_not_by_dtype():
     import zoo
 
@@ -120,6 +121,7 @@ def test_half_norm_layers_are_flagged_when_their_statistics_leave_fp16s_range_no
     assert diagnose.NORMS_IN_FP32 not in small.runs["half"].findings
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["cnn", "transformer"])
 def test_the_other_harness_models_are_safe_under_autocast(name):
     found = diagnose.diagnose(getattr(examples, name), "cpu", steps=2, names=["amp-fp16"])
@@ -186,6 +188,7 @@ def test_a_bad_factory_is_an_error_naming_it(tmp_path, monkeypatch, capsys, spec
 # --- the command: file, MLflow, terminal, report ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_command_keeps_the_diagnosis_in_a_file_in_mlflow_and_in_the_report(tmp_path):
     reports = tmp_path / "reports"
 

@@ -26,18 +26,21 @@ def verified(request) -> diagnose.Diagnosis:
     return diagnose.diagnose(getattr(zoo, request.param), "cpu", steps=STEPS, verify=HORIZON)
 
 
+@pytest.mark.slow
 def test_no_recipe_that_diverges_within_the_horizon_was_called_safe(verified):
     for row in verified.verify["rows"]:
         if row["truth"] == DIVERGES:
             assert row["predicted"] != diagnose.SAFE, (verified.factory, row)
 
 
+@pytest.mark.slow
 def test_no_drift_alarm_for_a_recipe_that_trains_as_fp32_does(verified):
     for row in verified.verify["rows"]:
         if row["predicted"] == diagnose.DRIFTS:
             assert row["truth"] in (HARMED, DIVERGES), (verified.factory, row)
 
 
+@pytest.mark.slow
 def test_every_fix_the_quick_look_says_held_holds_over_the_horizon(verified):
     long = {(fix["recipe"], fix["fix"]): fix for fix in verified.verify["fixes"]}
     for name, run in verified.runs.items():

@@ -44,6 +44,7 @@ def rank1_hangs(ctx):
     return ctx.rank
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_results_come_back_in_rank_order(world_size):
     results = run_ranks(all_reduce_rank, world_size)
@@ -51,6 +52,7 @@ def test_results_come_back_in_rank_order(world_size):
     assert results == [{"rank": r, "sum": expected, "backend": "gloo"} for r in range(world_size)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("target", "timeout_s", "cause"),
     [
@@ -77,6 +79,7 @@ def test_several_nccl_ranks_on_one_gpu_are_refused():
         backend_for("cuda", 4)
 
 
+@pytest.mark.slow
 def test_the_same_target_runs_under_torchrun(tmp_path):
     """The multi-node path: torchrun sets up the ranks, harness.lab.distributed runs the target."""
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))

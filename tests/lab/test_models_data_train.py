@@ -100,6 +100,7 @@ def test_same_seed_same_batches_and_split(kind):
     assert not torch.equal(x1, task.val[0][:8])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "params", "steps", "lr", "batch_size"),
     [

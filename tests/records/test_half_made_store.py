@@ -59,6 +59,7 @@ def set_aside_files(reports: Path) -> list[Path]:
     return sorted(reports.glob("mlflow.db.half-made-*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("statement", "error", "opened_by"),
     [
@@ -112,6 +113,7 @@ def test_a_store_from_a_newer_mlflow_is_never_set_aside(tmp_path):
     assert not halfmade.half_made(store, Exception("database is locked"))
 
 
+@pytest.mark.slow
 def test_the_report_on_a_half_made_store_says_it_set_it_aside(tmp_path):
     half_make(tmp_path / "mlflow.db", r"CREATE TABLE spans")
     made = subprocess.run(

@@ -61,6 +61,7 @@ def statuses(reports) -> dict[str, str]:
     return {r.info.run_name.split(" · ")[-1]: r.info.status for r in runs}  # by test function
 
 
+@pytest.mark.slow
 def test_crashes_and_hangs_fail_alone_with_the_reason(pytester):
     pytester.makepyfile(**{"scenarios/test_faults": FAULTS})
     reports = pytester.path / "reports"
@@ -101,6 +102,7 @@ def test_timed(record, benchmark):
 """
 
 
+@pytest.mark.slow
 def test_benchmarks_of_an_isolated_test_reach_the_sessions_json_and_table(pytester, outside_xdist):
     # The GPU scenarios run isolated; their pytest-benchmark results live in the worker.
     pytester.makepyfile(**{"scenarios/test_timed": BENCHMARKED})
@@ -116,6 +118,7 @@ def test_benchmarks_of_an_isolated_test_reach_the_sessions_json_and_table(pytest
     result.stdout.fnmatch_lines(["*benchmark: 1 tests*", "test_timed *"])
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_the_open_runs_as_killed_and_a_rerun_starts_clean(pytester):
     pytester.makepyfile(**{"scenarios/test_slow": SLOW})
     reports = pytester.path / "reports"

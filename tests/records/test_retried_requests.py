@@ -34,6 +34,7 @@ def sessions_of(uri: str) -> list:
     return [r for r in runs(uri) if r.data.tags["amp.kind"] == "session"]
 
 
+@pytest.mark.slow
 def test_a_session_through_retried_requests_leaves_one_run_each(pytester, flaky):
     server, proxy = flaky
     result, _ = run_session(pytester, f"--tracking-uri={proxy.uri}")
@@ -48,6 +49,7 @@ def test_a_session_through_retried_requests_leaves_one_run_each(pytester, flaky)
     assert "did not end" not in summary and "killed" not in summary, summary
 
 
+@pytest.mark.slow
 def test_sync_through_retried_requests_deletes_the_copies_it_made(tmp_path, flaky):
     server, proxy = flaky
     journal = write_journal(tmp_path, "s1", records=6)
@@ -60,6 +62,7 @@ def test_sync_through_retried_requests_deletes_the_copies_it_made(tmp_path, flak
     assert (again["records_present"], again["records_sent"], again["copies_deleted"]) == (12, 0, 0)
 
 
+@pytest.mark.slow
 def test_the_report_takes_the_parent_run_that_ended(tmp_path):
     """A store with a session's copy left RUNNING (made before `sync` deleted such copies): the
     report reads the session from the run that ended, in whichever order MLflow lists them."""

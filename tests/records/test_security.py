@@ -47,6 +47,7 @@ def holding(folder: Path, text: str) -> list[str]:
                   if p.is_file() and needle in p.read_bytes())  # fmt: skip
 
 
+@pytest.mark.slow
 def test_no_secret_of_the_environment_reaches_mlflow_or_the_journal(pytester, monkeypatch):
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
@@ -106,6 +107,7 @@ def other_interface() -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_gloo_ranks_listen_on_loopback_only(monkeypatch):
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     ranks = run_ranks(listening_addresses, 2, "cpu", timeout_s=120)
@@ -116,6 +118,7 @@ def test_gloo_ranks_listen_on_loopback_only(monkeypatch):
     )
 
 
+@pytest.mark.slow
 def test_the_listening_probe_sees_a_rank_bound_elsewhere(monkeypatch):
     """Negative control of the test above: gloo told to use another interface is caught."""
     interface = other_interface()
@@ -174,6 +177,7 @@ EMPTY_USER, USER, DEAD, TOKEN = (f"amp-planted-{n}-{i}" for i, n in
                                  enumerate(("empty", "user", "dead", "token")))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_password_in_the_tracking_uri_is_never_written_or_printed(pytester, capfd, tmp_path):
     """Passwords planted in both URI forms (user:pw@ and :pw@, against a live server) and in a
     dead server's URI (user:pw@ and ?token=): every output is searched for them: the terminal

@@ -60,6 +60,7 @@ def worker_folder(test: dict) -> Path:
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("stop", "isolated"),
     [

@@ -71,6 +71,7 @@ def gone_within(check, seconds: float) -> bool:
     return not check()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("stop", "with_postgres"),
     [(signal.SIGTERM, True), (signal.SIGKILL, False)],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from test_tracking import assert_each_record_once_and_whole, write_journal
 
 from harness.records.journal import Journal
@@ -14,6 +15,7 @@ from harness.records.tracking import MlflowSink, default_uri
 WRITES = ("create_run", "log_batch", "log_text", "set_terminated", "set_tag")  # no figures here
 
 
+@pytest.mark.slow
 def test_sync_sends_a_record_in_four_calls_without_an_fsync_each(tmp_path):
     journal = write_journal(tmp_path, "s1", records=5)
     sink = MlflowSink(default_uri(tmp_path), reports=tmp_path)
@@ -41,6 +43,7 @@ def test_sync_sends_a_record_in_four_calls_without_an_fsync_each(tmp_path):
     assert_each_record_once_and_whole(journal, default_uri(tmp_path))
 
 
+@pytest.mark.slow
 def test_sync_benchmark_at_a_few_thousand_entries(benchmark, tmp_path):
     """The rate is in benchmark's extra_info and the README (measured on 2 shared cores)."""
     sessions, records = 10, 200

@@ -69,6 +69,7 @@ def runs_in_backend(backend: str) -> int:
         return db.execute(query).fetchone()[0]
 
 
+@pytest.mark.slow
 def test_a_session_logs_to_the_team_server_over_http(pytester, team_server, monkeypatch):
     # The documented override of the harness's 4 s timeout: this machine is shared and slow.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")

@@ -83,6 +83,7 @@ def journal(pytester) -> Journal:
     return Journal(pytester.path / "reports" / "journal.jsonl")
 
 
+@pytest.mark.slow
 def test_embedded_store_gets_one_parent_and_one_child_per_test(pytester):
     result, _ = run_session(pytester)
     result.assert_outcomes(passed=3)
@@ -127,6 +128,7 @@ def test_embedded_store_gets_one_parent_and_one_child_per_test(pytester):
     assert recorded["verdicts"][0]["claim"] == "FMT-BYTES"
 
 
+@pytest.mark.slow
 def test_dead_server_costs_seconds_loses_nothing_and_sync_replays_once(
     pytester, mlflow_server, monkeypatch
 ):
@@ -162,6 +164,7 @@ def test_dead_server_costs_seconds_loses_nothing_and_sync_replays_once(
     assert {p.info.status for p in parents} == {"FINISHED"}  # ended from the journal
 
 
+@pytest.mark.slow
 def test_a_hanging_server_costs_one_bounded_call(pytester):
     """A server that accepts connections and never answers: the first call times out, the
     session goes on without MLflow, and the journal has everything."""
@@ -208,6 +211,7 @@ def test_unknown_tracking_scheme_is_a_usage_error(pytester):
     result.stderr.fnmatch_lines(["*unsupported tracking URI scheme 'ftp'*sqlite:///*"])
 
 
+@pytest.mark.slow
 def test_one_batch_per_test_beats_per_step_logging(tmp_path):
     """Why histories go in one log_batch: measured side by side, in one process."""
     from mlflow import MlflowClient
@@ -313,6 +317,7 @@ sink.log_record(session.entry, session.records[1])
 """
 
 
+@pytest.mark.slow
 def test_a_run_left_half_logged_by_a_killed_session_is_replaced_by_sync(tmp_path):
     journal = write_journal(tmp_path, ended=False)  # killed: the journal never got its end
     killed = subprocess.run([sys.executable, "-c", KILLED_MID_RECORD, str(tmp_path)], timeout=300)
@@ -334,6 +339,7 @@ def test_a_run_left_half_logged_by_a_killed_session_is_replaced_by_sync(tmp_path
     assert_each_record_once_and_whole(journal, uri)
 
 
+@pytest.mark.slow
 def test_a_result_mlflow_refuses_leaves_no_half_run_and_sync_sends_it(tmp_path):
     from mlflow.exceptions import MlflowException
 
@@ -362,6 +368,7 @@ def test_a_result_mlflow_refuses_leaves_no_half_run_and_sync_sends_it(tmp_path):
     assert_each_record_once_and_whole(journal, uri)
 
 
+@pytest.mark.slow
 def test_sync_leaves_a_session_that_still_runs_to_its_own_process(tmp_path):
     journal = write_journal(tmp_path, ended=False)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -396,6 +403,7 @@ def test_sync_meanwhile(record):
 """
 
 
+@pytest.mark.slow
 def test_a_sync_during_a_session_leaves_that_session_to_it(pytester, monkeypatch):
     reports = pytester.path / "reports"
     monkeypatch.setenv("AMP_REPORTS", str(reports))
@@ -426,6 +434,7 @@ print(json.dumps(sink.sync(Journal(folder / "journal.jsonl"))))
 """
 
 
+@pytest.mark.slow
 def test_two_syncs_at_once_log_each_record_once(tmp_path):
     journal = write_journal(tmp_path, "s1", records=15)
     write_journal(tmp_path, "s2", records=15)
@@ -447,6 +456,7 @@ def test_two_syncs_at_once_log_each_record_once(tmp_path):
     assert len([r for r in runs(uri) if r.data.tags["amp.kind"] == "session"]) == 2
 
 
+@pytest.mark.slow
 def test_a_quote_in_a_session_id_does_not_break_sync(tmp_path):
     """MLflow's filter language has no escape for a quote: such an id (a journal written by
     hand or by another tool) must not stop the sync of it or of any session after it."""
@@ -481,6 +491,7 @@ def sync_in_a_new_process(reports: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_garbage_store_leaves_the_journal_and_sync_rebuilds_it(pytester):
     reports = pytester.path / "reports"
     reports.mkdir()
@@ -500,6 +511,7 @@ def test_a_garbage_store_leaves_the_journal_and_sync_rebuilds_it(pytester):
     assert_each_record_once_and_whole(journal(pytester), fresh(reports))
 
 
+@pytest.mark.slow
 def test_a_truncated_store_says_how_to_recover(pytester):
     run_session(pytester)[0].assert_outcomes(passed=3)
     store = pytester.path / "reports" / "mlflow.db"
@@ -519,6 +531,7 @@ def test_a_truncated_store_says_how_to_recover(pytester):
     assert_each_record_once_and_whole(journal(pytester), fresh(pytester.path / "reports"))
 
 
+@pytest.mark.slow
 def test_a_new_store_is_made_without_mlflow_s_lines_on_the_terminal(tmp_path):
     # In a new process: MLflow sets up its log handler once per process, on import.
     made = subprocess.run(
@@ -543,6 +556,7 @@ sys.stdin.read()  # until the test closes stdin
 """
 
 
+@pytest.mark.slow
 def test_a_store_locked_by_another_process_leaves_the_journal(pytester):
     reports = pytester.path / "reports"
     reports.mkdir()
@@ -598,6 +612,7 @@ print(sink.down or "logged")
 """
 
 
+@pytest.mark.slow
 def test_two_first_sessions_on_a_new_store_both_log(tmp_path):
     """Two sessions that open a store that does not exist yet, at the same moment: MLflow
     creates the tables of an empty store as it opens it, and the second one used to fail
@@ -624,6 +639,7 @@ def test_two_first_sessions_on_a_new_store_both_log(tmp_path):
 # --- where the store and its artifacts are --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_moved_reports_folder_takes_its_artifacts_with_it(pytester):
     run_session(pytester)[0].assert_outcomes(passed=3)
     old, new = pytester.path / "reports", pytester.path / "elsewhere" / "reports"
@@ -643,6 +659,7 @@ def test_a_moved_reports_folder_takes_its_artifacts_with_it(pytester):
         assert Path(run.info.artifact_uri.removeprefix("file://"), "record.json").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", ["we?ird", "hash#tag", "escape%41d"])
 def test_a_question_mark_or_hash_in_the_reports_path(pytester, folder):
     from harness.records.tracking import client
@@ -668,6 +685,7 @@ def test_a_question_mark_or_hash_in_the_reports_path(pytester, folder):
     assert visible(pytester.path) == sorted(["scenarios", folder])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", ["we?ird", "hash#tag"])
 def test_report_reads_a_store_whose_path_has_a_question_mark_or_hash(pytester, folder):
     from harness.reports import report
@@ -687,6 +705,7 @@ def visible(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
 
 
+@pytest.mark.slow
 def test_a_session_that_ran_part_of_the_suite_says_so_on_its_run(pytester):
     """The report reads it: such a session never stands for the environment's whole suite."""
     result, _ = run_session(pytester, "-k", "first")

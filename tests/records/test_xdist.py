@@ -32,6 +32,7 @@ def test_speed(record):
 """
 
 
+@pytest.mark.slow
 def test_workers_share_one_session_and_timing_refuses_to_share(pytester):
     pytester.makepyfile(**{"scenarios/test_scn": SCENARIOS})
     reports = pytester.path / "reports"

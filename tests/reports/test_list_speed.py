@@ -52,6 +52,7 @@ def run(*argv: str) -> tuple[float, int]:
     return time.perf_counter() - started, int(done.stderr.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entries", [10_000, 50_000])
 def test_list_benchmark_on_a_year_of_ci_history(benchmark, ci_history, entries, tmp_path):
     reports = ci_history(entries)

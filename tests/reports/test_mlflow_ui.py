@@ -49,6 +49,7 @@ def two_environments(tmp_path_factory) -> Path:
     return reports
 
 
+@pytest.mark.slow
 def test_the_runs_list_names_claims_and_verdicts_and_the_searches_find_them(two_environments):
     with mlflow_ui(two_environments) as runs, browser_page() as page:
         assert runs.endswith(f"?{UI_VIEW}")  # the model-training view, not GenAI's

@@ -48,6 +48,7 @@ def reports(pytester) -> Path:
     return pytester.path / "reports"
 
 
+@pytest.mark.slow
 def test_report_in_a_read_only_reports_folder_is_one_line(reports):
     line = one_line(read_only(reports, "report", "--reports", str(reports)))
     assert f"{reports}" in line and "Read-only file system" in line, line
@@ -55,6 +56,7 @@ def test_report_in_a_read_only_reports_folder_is_one_line(reports):
     assert not (reports / "report").exists()
 
 
+@pytest.mark.slow
 def test_baseline_save_to_a_read_only_folder_is_one_line(reports):
     out = reports / "baselines"
     done = read_only(reports, "baseline", "save", "--partial", "--reports", str(reports),
@@ -63,6 +65,7 @@ def test_baseline_save_to_a_read_only_folder_is_one_line(reports):
     assert f"{out}" in line and "Read-only file system" in line and "--out" in line, line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["there", "absent"])
 def test_sync_in_a_read_only_reports_folder_says_it_is_read_only(reports, store):
     if store == "absent":  # only a journal: MLflow would try to make the store, for minutes

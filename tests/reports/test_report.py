@@ -450,6 +450,7 @@ def test_a_megabyte_of_evidence_is_cut_on_the_page_and_links_to_its_run(unfinish
     assert len((unfinished / "summary.md").read_text()) < 20_000
 
 
+@pytest.mark.slow
 def test_a_dead_or_hanging_tracking_server_is_one_line_naming_it_within_seconds(
     tmp_path, capsys, monkeypatch
 ):
@@ -484,6 +485,7 @@ def test_a_dead_or_hanging_tracking_server_is_one_line_naming_it_within_seconds(
 FORMATS = ("FMT-BITS", "FMT-RANGE", "FMT-BYTES", "NUM-UNDERFLOW", "NUM-OVERFLOW")
 
 
+@pytest.mark.slow
 def test_report_of_a_real_formats_session(pytester, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     (pytester.path / "scenarios").mkdir()
@@ -543,6 +545,7 @@ def page_requests(net_log: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_the_page_renders_in_chromium_and_requests_nothing(built, tmp_path):
     index = built / "index.html"
@@ -602,6 +605,7 @@ def _thousand_runs(reports: Path) -> tuple[Path, float]:
     return reports, time.perf_counter() - started
 
 
+@pytest.mark.slow
 def test_a_report_over_1000_runs_builds_in_under_10_s(thousand_runs, tmp_path, record_property):
     reports, setup_s = thousand_runs
     started = time.perf_counter()

@@ -166,6 +166,7 @@ def test_the_gpu_scenarios_fit_the_budget_at_pessimistic_rates():
     )
 
 
+@pytest.mark.slow
 def test_the_whole_gpu_check_fits_its_budget_counting_every_rerun():
     paths, deselected = gpu_check_runs()
     assert "scenarios/" in paths

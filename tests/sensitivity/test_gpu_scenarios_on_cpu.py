@@ -116,6 +116,7 @@ def test_speed_scenarios_run_to_their_verdicts(run_scenario, pytester, cuda_waiv
     _reached_verdicts(result, pytester, tests=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("module", "toy", "tests"),
     [("test_speed.py", SPEED, 2), ("test_memory_speed.py", MEMORY_SPEED, 3)],
@@ -136,6 +137,7 @@ def test_speed_claims_are_decided_on_a_gpu_without_tf32(
     assert timed and all("no TF32 on this GPU" in v.evidence for v in timed), timed
 
 
+@pytest.mark.slow
 def test_memory_and_speed_scenarios_run_to_their_verdicts(run_scenario, pytester, cuda_waived):
     # Two CUDA-only tests, and the static-bytes test of HDL-MEMORY, which runs anywhere.
     result = run_scenario("test_memory_speed.py", plugins=(MEMORY_SPEED,))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from conftest import assert_fails_naming, load_scenario
 from torch.amp.grad_scaler import GradScaler, OptState
 
@@ -29,6 +30,7 @@ def _step_dropping_three_in_four(self, optimizer, *args, **kwargs):
     return _step(self, optimizer, *args, **kwargs)
 
 
+@pytest.mark.slow
 def test_scaler_dropping_updates_fails_both_claims(run_scenario, monkeypatch):
     # One run of the whole module (its tests share the control's runs): both tests fail.
     monkeypatch.setattr(GradScaler, "step", _step_dropping_three_in_four)
@@ -37,6 +39,7 @@ def test_scaler_dropping_updates_fails_both_claims(run_scenario, monkeypatch):
         assert_fails_naming(result, claim, failed=2)
 
 
+@pytest.mark.slow
 def test_module_passes_unpatched(run_scenario):
     run_scenario(MODULE).assert_outcomes(passed=2)
 
@@ -95,6 +98,7 @@ def test_no_slowdown_in_three_tiny_models_leaves_can_slow_down_open():
     assert verdict(slower=6, pairs=6) == "confirmed"
 
 
+@pytest.mark.slow
 def test_a_control_whose_underflow_is_scaled_away_fails_that_control(run_scenario, monkeypatch):
     # The control's subject: fp16 without loss scaling flushes the gradients of a loss x 2**-16
     # and converges slower. Give that recipe a GradScaler and nothing flushes: the control's own

@@ -17,6 +17,7 @@ from harness.lab.distributed import SETUP_ENV
 MODULE = "test_distributed.py"
 
 
+@pytest.mark.slow
 def test_the_module_passes_unfaulted(run_scenario):
     # world size 2 only: `pytest scenarios/` runs both sizes anyway
     run_scenario(MODULE, "-k", "world2 or nccl").assert_outcomes(passed=5, skipped=1)
@@ -43,6 +44,7 @@ FAULTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "test", "claim", "says"), FAULTS, ids=[f[0] for f in FAULTS])
 def test_a_fault_in_the_ranks_fails_the_scenario(
     run_scenario, monkeypatch, fault, test, claim, says
@@ -76,6 +78,7 @@ def sharded_scaler_without_sync() -> None:
     handlers[op] = check_local_shard_only
 
 
+@pytest.mark.slow
 def test_an_fsdp2_scaler_deciding_alone_fails_the_scenario(run_scenario, monkeypatch):
     # Rank 1 skips its poisoned shard and every other rank steps: the ranks diverge.
     monkeypatch.setenv(SETUP_ENV, f"{__name__}:sharded_scaler_without_sync")
@@ -94,6 +97,7 @@ def fully_shard_that_breaks() -> None:
     fsdp.fully_shard = broken
 
 
+@pytest.mark.slow
 def test_a_broken_fsdp2_fails_its_test_alone(run_scenario, monkeypatch):
     # Present but broken is a failure, not a skip, and the launch's other experiments still get
     # their verdicts: only the FSDP2 test fails.
@@ -113,6 +117,7 @@ def fsdp2_without_its_names() -> None:
     del sharded_grad_scaler.ShardedGradScaler
 
 
+@pytest.mark.slow
 def test_fsdp2_lost_in_the_ranks_is_a_capability_regression(run_scenario, monkeypatch, pytester):
     # On a torch the table expects FSDP2 on CPU ranks (2.7 on), missing names are a failure
     # recorded as a capability regression, never a skip whose "decided beats skipped" verdict

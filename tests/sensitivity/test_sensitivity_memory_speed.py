@@ -80,6 +80,7 @@ def test_adamw_with_a_third_state_tensor_fails(run_scenario, monkeypatch, cuda_p
     assert_fails_naming(result, "HDL-MEMORY")
 
 
+@pytest.mark.slow
 def test_static_bytes_on_the_cpu_fail_with_a_third_adamw_state(run_scenario, monkeypatch):
     # The CPU's share of HDL-MEMORY, the one a CPU session decides from, can fail too.
     _adamw_with_a_third_state(monkeypatch)
@@ -87,12 +88,14 @@ def test_static_bytes_on_the_cpu_fail_with_a_third_adamw_state(run_scenario, mon
     assert_fails_naming(result, "HDL-MEMORY")
 
 
+@pytest.mark.slow
 def test_static_bytes_on_the_cpu_pass_unpatched(run_scenario):
     run_scenario(MODULE, "-k", "test_static_memory_of_training_a_7b_model").assert_outcomes(
         passed=1
     )
 
 
+@pytest.mark.slow
 def test_half_parameters_that_keep_a_larger_buffer_fail_the_static_control(
     run_scenario, monkeypatch
 ):

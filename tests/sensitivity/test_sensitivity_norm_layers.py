@@ -3,6 +3,7 @@ CPU autocast run layer_norm in fp32, and the scenario fails with an assertion na
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_fails_naming, predict_as_before_every_change, promote_layer_norm
@@ -10,10 +11,12 @@ from conftest import assert_fails_naming, predict_as_before_every_change, promot
 MODULE = "test_norm_layers.py"
 
 
+@pytest.mark.slow
 def test_module_passes_unpatched(run_scenario):
     run_scenario(MODULE).assert_outcomes(passed=2)
 
 
+@pytest.mark.slow
 def test_saturating_batchnorm_statistics_fail(run_scenario, monkeypatch):
     # _BatchNorm.forward calls F.batch_norm, which updates running_var in place: clamp the
     # update of fp16 statistics at fp16's largest value, so that it saturates instead of
@@ -38,6 +41,7 @@ def test_layer_norm_promoted_on_cpu_fails(run_scenario, monkeypatch):
     assert_fails_naming(result, "AMP-NORM-FP32")
 
 
+@pytest.mark.slow
 def test_a_release_predicted_to_overflow_early_fails_where_it_does_not(run_scenario, monkeypatch):
     # Told that this torch accumulates the batch variance in fp16 (torch < 2.6 on the CPU), the
     # scenario predicts inf at step 1 from std 47 and fails on a release that keeps it in fp32.
@@ -46,6 +50,7 @@ def test_a_release_predicted_to_overflow_early_fails_where_it_does_not(run_scena
     assert_fails_naming(result, "PIT2-NORM-HALF")
 
 
+@pytest.mark.slow
 def test_autocast_keeping_statistics_in_fp16_fails_the_control(run_scenario, monkeypatch):
     # The control's subject broken: under autocast an fp32 BatchNorm's running_var is held to
     # fp16's range (stored through fp16), so the autocast fix overflows as .half() does. The
