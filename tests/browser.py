@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,21 +37,38 @@ EXPAND = 'button[data-component-id*="runnamecellrenderer"]'  # a parent run's +/
 LISTED = re.compile(r"\d+ matching runs?")  # the runs list's footer
 
 
-def start_ui(reports: Path) -> tuple[subprocess.Popen, int, list[str]]:
+def start_ui(reports: Path, timeout_s: float = 240) -> tuple[subprocess.Popen, int, list[str]]:
     """`amp-harness ui` on a free port, as a person starts it, once it says that it answers (or
-    has ended): the process, its port, and the lines it printed."""
+    has ended): the process, its port, and the lines it printed. Said neither within timeout_s
+    (the UI waits 120 s for its server, then for the server to end: one that never answers kept
+    the UI, and the pipe read here, open for ever, a hung xdist worker), it is stopped as a
+    terminal stops it, its server with it, and the lines so far are returned."""
     port = free_port()
     ui = subprocess.Popen(
         [sys.executable, "-m", "harness.cli", "ui", "--reports", str(reports), "--port",
          str(port)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    lines = []
-    for line in ui.stdout:  # "starting", then "answering" once /health answers
-        lines.append(line)
-        if "answering" in line:
-            break
-    return ui, port, lines
+    lines: list[str] = []
+    said = threading.Event()
+
+    def read() -> None:
+        for line in ui.stdout:  # "starting", then "answering" once /health answers
+            lines.append(line)
+            if "answering" in line:
+                break
+        said.set()  # or it ended
+
+    threading.Thread(target=read, daemon=True).start()
+    if not said.wait(timeout_s):
+        ui.send_signal(signal.SIGTERM)  # it stops its server's process group, then ends
+        try:
+            ui.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            ui.kill()
+            ui.wait()
+        said.wait(30)
+    return ui, port, list(lines)
 
 
 @contextlib.contextmanager
@@ -118,17 +136,29 @@ def open_run_in_its_view(page, runs: str) -> None:
     page.reload()  # a new address after the '#' alone loads nothing
 
 
-def expand_sessions(page) -> None:
+def expand_sessions(page, timeout_ms: int = 15_000) -> None:
     """Open every session (parent run) to show its test runs. The button toggles, and the UI
-    keeps what was open across searches: a click that hid rows is undone."""
+    keeps what was open across searches: a click that hid rows is undone. After each click, the
+    rows are waited for (the grid draws them after the UI's answer: on a loaded machine, well
+    after a fixed 300 ms, and a list read then had its sessions without their tests)."""
     rows = page.locator(RUN_NAMES)
     for button in page.locator(EXPAND).all():
         shown = rows.count()
         button.click()
-        page.wait_for_timeout(300)
+        _until_rows_change(page, rows, shown, timeout_ms)
         if rows.count() < shown:
+            shown = rows.count()
             button.click()
-            page.wait_for_timeout(300)
+            _until_rows_change(page, rows, shown, timeout_ms)
+
+
+def _until_rows_change(page, rows, shown: int, timeout_ms: int) -> None:
+    """Wait until the list shows more or fewer than `shown` rows, or timeout_ms has passed."""
+    waited = 0
+    while rows.count() == shown and waited < timeout_ms:
+        page.wait_for_timeout(100)
+        waited += 100
+    page.wait_for_timeout(300)  # the rest of the rows the same answer brings
 
 
 def run_names(page) -> list[str]:
