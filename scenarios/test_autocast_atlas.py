@@ -10,7 +10,7 @@ losses), is called on the session's device under autocast to each dtype the devi
 (harness.lab.autocast_atlas): from float32 inputs, from inputs in the autocast dtype, and, for the
 promote list, from both at once. Each op is held against the list the running release documents
 for this device, and each mismatch is named (op, documented, measured). Every op's behaviour is
-kept as a metric (`op/<name>`: autocast_atlas.CODES), which the report's atlas table and
+kept as a metric (`op/<name>`: autocast_docs.CODES), which the report's atlas table and
 `amp-harness baseline changes` read back across devices and releases.
 """
 
@@ -25,14 +25,14 @@ CLAIMS = {
     "lower": "AUTOCAST-LOWER-LIST",
     "float32": "AUTOCAST-FP32-LIST",
     "promote": "AUTOCAST-PROMOTE-LIST",
-    autocast_atlas.NO_LIST: "AUTOCAST-UNLISTED",
+    autocast_docs.NO_LIST: "AUTOCAST-UNLISTED",
     "grads": "AUTOCAST-GRAD-DTYPE",
 }
 WHAT = {
     "lower": "ops on the lower-precision list computed in {low} from float32 inputs",
     "float32": "ops on the float32 list computed in float32 from {low} inputs",
     "promote": "ops on the promote list ran in float32 from float32 and {low} inputs together",
-    autocast_atlas.NO_LIST: "ops on no list ran in their input's dtype or changed it only "
+    autocast_docs.NO_LIST: "ops on no list ran in their input's dtype or changed it only "
     "downstream of a listed op",
     "grads": "ops returned every input's gradient in that input's own dtype",
 }
@@ -97,7 +97,7 @@ def test_the_documented_autocast_lists_hold(record, amp_device, low):
     )
     behaviours = {name: r.behaviour for name, r in atlas.results.items()}
     behaviours.update(dict.fromkeys(atlas.absent, "absent"))
-    record.metric(**{f"op/{name}": autocast_atlas.CODES[b] for name, b in behaviours.items()})
+    record.metric(**{f"op/{name}": autocast_docs.CODES[b] for name, b in behaviours.items()})
     record.metric(
         **{
             f"{group.replace(' ', '_')}_mismatches": sum(not c.holds for c in found)

@@ -24,13 +24,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from harness.lab import autocast_ops, probes
-from harness.lab.autocast_docs import Documented
+from harness.lab.autocast_docs import NO_LIST, Documented, aten, listed
 
-# How a behaviour is kept as a metric (one per op), so that the report and `baseline changes`
-# can read it back from MLflow and baselines.
-CODES = {"input": 0, "lower": 1, "float32": 2, "promote": 3, "raises": 4, "error": -1, "absent": -2}
-BEHAVIOURS = {code: name for name, code in CODES.items()}
-NO_LIST = "no list"
 _REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32}
 _CASTS = {"_to_copy", "to", "clone", "copy_", "detach", "lift_fresh", "alias"}
 
@@ -160,20 +155,9 @@ def own_rule(name: str, device: str) -> bool:
     downstream of a listed op it is made of (`tensordot` is `mm`s)."""
     key = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}[device]
     try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(
-            f"aten::{autocast_ops.aten(name)}", key
-        )
+        return torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{aten(name)}", key)
     except RuntimeError:  # no aten op of that name: a composite of others
         return False
-
-
-def listed(name: str, documented: Documented, device: str) -> str:
-    """The list the docs put `name` on, under any spelling of its aten op ("raises" for an op
-    documented to raise inside autocast on CUDA; NO_LIST for none)."""
-    if device == "cuda" and name in documented.banned:
-        return "raises"
-    by_aten = {autocast_ops.aten(op): where for op, where in documented.lists.items()}
-    return documented.of(name) or by_aten.get(autocast_ops.aten(name)) or NO_LIST
 
 
 def judge(atlas: Atlas, documented: Documented) -> dict[str, list[Check]]:

@@ -17,6 +17,11 @@ from harness.common.toml import tomllib
 
 LISTS_PATH = Path(__file__).with_name("autocast_lists.toml")
 LISTS = ("lower", "float32", "promote")
+NO_LIST = "no list"
+# How the atlas keeps a behaviour as a metric (one per op), so that the report and `baseline
+# changes` read it back from MLflow and baselines without importing torch.
+CODES = {"input": 0, "lower": 1, "float32": 2, "promote": 3, "raises": 4, "error": -1, "absent": -2}
+BEHAVIOURS = {code: name for name, code in CODES.items()}
 DEVICES = ("cuda", "cpu")
 
 
@@ -93,3 +98,37 @@ def every_documented_op() -> list[str]:
             names += [c["op"] for c in data[device][name].get("changed", [])]
         names += data[device].get("banned", {}).get("ops", [])
     return list(dict.fromkeys(names))
+
+
+# The aten op each call reaches where its name differs from the op's own: the docs spell one op
+# several ways across devices (`cross_entropy` on CUDA, `cross_entropy_loss` on the CPU), and an
+# op's own autocast rule is registered under its aten name.
+ATEN = {
+    "__matmul__": "matmul",
+    "multi_dot": "linalg_multi_dot",
+    "GRUCell": "gru_cell",
+    "LSTMCell": "lstm_cell",
+    "RNNCell": "rnn_tanh_cell",
+    "grid_sample": "grid_sampler",
+    "cross_entropy": "cross_entropy_loss",
+    "softmin": "softmax",
+    "__pow__": "pow",
+    "__rpow__": "pow",
+    "__rdiv__": "reciprocal",
+    "__rtruediv__": "reciprocal",
+    "normalize": "norm",
+    "interpolate": "upsample_bilinear2d",
+}
+
+
+def aten(name: str) -> str:
+    return ATEN.get(name, name)
+
+
+def listed(name: str, documented: Documented, device: str) -> str:
+    """The list the docs put `name` on, under any spelling of its aten op ("raises" for an op
+    documented to raise inside autocast on CUDA; NO_LIST for none)."""
+    if device == "cuda" and name in documented.banned:
+        return "raises"
+    by_aten = {aten(op): where for op, where in documented.lists.items()}
+    return documented.of(name) or by_aten.get(aten(name)) or NO_LIST

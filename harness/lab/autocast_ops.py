@@ -369,31 +369,6 @@ UNLISTED = {
     "embedding": lambda m: F.embedding(m.ints(0, 2), m(3, 4)),
 }
 
-# The aten op each call reaches where its name differs from the op's own: the docs spell one op
-# several ways across devices (`cross_entropy` on CUDA, `cross_entropy_loss` on the CPU), and an
-# op's own autocast rule is registered under its aten name.
-ATEN = {
-    "__matmul__": "matmul",
-    "multi_dot": "linalg_multi_dot",
-    "GRUCell": "gru_cell",
-    "LSTMCell": "lstm_cell",
-    "RNNCell": "rnn_tanh_cell",
-    "grid_sample": "grid_sampler",
-    "cross_entropy": "cross_entropy_loss",
-    "softmin": "softmax",
-    "__pow__": "pow",
-    "__rpow__": "pow",
-    "__rdiv__": "reciprocal",
-    "__rtruediv__": "reciprocal",
-    "normalize": "norm",
-    "interpolate": "upsample_bilinear2d",
-}
-
-
-def aten(name: str) -> str:
-    return ATEN.get(name, name)
-
-
 # Named in the CPU docs up to 2.4, removed from torch in 2.0: called all the same, so that the
 # atlas finds them gone (AttributeError) rather than being told.
 REMOVED = {

@@ -1,5 +1,5 @@
 """The autocast atlas read back: op x (environment, dtype), from the records of
-scenarios/test_autocast_atlas.py (its `op/<name>` metrics, autocast_atlas.CODES, and its params
+scenarios/test_autocast_atlas.py (its `op/<name>` metrics, autocast_docs.CODES, and its params
 `autocast_dtype` and `mismatched_ops`), each cell marked where the measurement and the documented
 list of that environment's torch release disagree.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.common import shown
-from harness.lab import autocast_atlas, autocast_docs
+from harness.lab import autocast_docs
 
 ATLAS_MODULE = "test_autocast_atlas.py::"
 PREFIX = "op/"
@@ -51,7 +51,7 @@ def is_atlas_test(test: str) -> bool:
 def behaviours(metrics: dict[str, float]) -> dict[str, str]:
     """op -> behaviour, from a record's `op/<name>` metrics."""
     return {
-        name.removeprefix(PREFIX): autocast_atlas.BEHAVIOURS.get(int(value), "?")
+        name.removeprefix(PREFIX): autocast_docs.BEHAVIOURS.get(int(value), "?")
         for name, value in metrics.items()
         if name.startswith(PREFIX) and value == value  # NaN: nothing measured
     }
@@ -69,7 +69,7 @@ def table(columns: list[Column]) -> Table:
     rows = []
     for op in ops:
         cells = [
-            Cell(c.behaviours[op], autocast_atlas.listed(op, doc, c.device), op in c.mismatched)
+            Cell(c.behaviours[op], autocast_docs.listed(op, doc, c.device), op in c.mismatched)
             if op in c.behaviours
             else None
             for c, doc in zip(columns, docs, strict=True)
@@ -113,7 +113,7 @@ def changes(columns: list[Column]) -> list[tuple[str, list[tuple[str, str]], lis
     for op in sorted({op for c in columns for op in c.behaviours}):
         measured = [(c.torch, c.behaviours[op]) for c in columns if op in c.behaviours]
         documented = [
-            (c.torch, autocast_atlas.listed(op, autocast_docs.documented(c.device, c.torch), c.device))
+            (c.torch, autocast_docs.listed(op, autocast_docs.documented(c.device, c.torch), c.device))
             for c in columns
         ]
         if len({v for _t, v in measured}) > 1 or len({v for _t, v in documented}) > 1:

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from sessions import CPU, log_session, make_record
 
-from harness.lab import autocast_atlas
+from harness.lab import autocast_docs
 from harness.records.tracking import MlflowSink, default_uri
 from harness.reports import atlas, changes, report
 
 TEST = "test_autocast_atlas.py::test_the_documented_autocast_lists_hold[{}]"
 CLAIMS = ["AUTOCAST-LOWER-LIST", "AUTOCAST-UNLISTED"]
-CODE = autocast_atlas.CODES
+CODE = autocast_docs.CODES
 HOSTILE = {**CPU, "torch": "2.13.0+cpu<script>alert(1)</script>|[x](javascript:y)"}
 
 
