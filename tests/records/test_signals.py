@@ -52,6 +52,14 @@ def wait_for(path: Path, process: subprocess.Popen, timeout_s: float = 120) -> d
     return json.loads(path.read_text())
 
 
+def default_stop_signals() -> None:
+    """The session under test starts with SIGTERM and SIGHUP at their defaults, whatever this
+    process inherited: under `nohup` (a CI job started with it) SIGHUP is ignored, and the
+    harness rightly leaves an ignored signal ignored, so the signal sent would do nothing."""
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, signal.SIG_DFL)
+
+
 def worker_folder(test: dict) -> Path:
     """The isolated worker's folder: --amp-worker-output=/tmp/amp-worker-XXXX/result.json."""
     (option,) = [a for a in test["argv"] if a.startswith("--amp-worker-output=")]
@@ -83,6 +91,7 @@ def test_a_stop_signal_is_ctrl_c(tmp_path, stop, isolated):
          "-p", "no:cacheprovider", f"--amp-reports={reports}"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True, env={**os.environ, "AMP_TEST_STARTED": str(started)},
+        preexec_fn=default_stop_signals,
     )  # fmt: skip
     test = None
     try:
