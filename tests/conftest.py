@@ -23,9 +23,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker:
         import torch
 
-        # Workers share the cores: a second intra-op thread per worker only makes OpenMP's
-        # waiting threads compete with the other workers (the scenarios use one already).
+        # Workers share the cores: a second intra-op thread per worker, or per process a test
+        # starts (`amp-harness diagnose`, a session of its own), only makes OpenMP's waiting
+        # threads compete with the other worker: such a test took 40 s instead of 16. (The
+        # scenarios set one thread themselves.)
         torch.set_num_threads(1)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _import_before_any_nested_session() -> None:
