@@ -19,8 +19,8 @@ import re
 from pathlib import Path
 
 from harness.catalogue import verdicts
-from harness.records import environments, shapes
 from harness.common.errors import HarnessError
+from harness.records import environments, shapes
 from harness.records.journal import Journal, Session
 from harness.records.journal_index import Indexed
 

@@ -1,12 +1,12 @@
 """The page "what changed across releases", generated from the committed baselines.
 
-`amp-harness baseline changes` reads every baseline in a folder (reports/baselines/), groups
-them by hardware (the CPU; each GPU model), orders each group by torch version, and lists the
-claims whose verdict or key metrics differ between releases (harness.reports.differences: one rule with
-the report's ledger), each with its versions, the value before and after, the evidence of the
-first and the last release, and the change harness.lab.releases knows, if any. The page is the
-committed ledger read as release notes; tests/lab/test_releases.py holds the committed page equal to
-what the committed baselines generate.
+`amp-harness baseline changes` reads every baseline in a folder (reports/baselines/), groups them by
+hardware (the CPU; each GPU model), orders each group by torch version, and lists the claims whose
+verdict or key metrics differ between releases (harness.reports.differences: one rule with the
+report's ledger), each with its versions, the value before and after, the evidence of the first and
+the last release, and the change harness.lab.releases knows, if any. The page is the committed
+ledger read as release notes; tests/lab/test_releases.py holds the committed page equal to what the
+committed baselines generate.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.common import shown
+from harness.common.errors import HarnessError
+from harness.lab.releases import version_key
 from harness.records import environments
 from harness.reports import atlas, differences
 from harness.reports.compare import claim_verdicts, read_baseline
-from harness.common.errors import HarnessError
-from harness.lab.releases import version_key
 from harness.reports.table import cap
 
 TITLE = "What changed across releases"

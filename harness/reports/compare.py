@@ -1,16 +1,16 @@
 """Compare two runs: changed verdicts first, then metric changes, flagged only when they are
 both statistically significant and larger than a relative threshold.
 
-Verdicts are compared as they count (harness.catalogue.verdicts): `partly -> failed (was: partly)` is a
-change. Per claim, a verdict that stands in the first run and in the second is skipped, failed or
-missing is a regression (missing is only "not compared" when the second run ran part of the
-suite and says so). A comparison in which no verdict overlapped says so.
+Verdicts are compared as they count (harness.catalogue.verdicts): `partly -> failed (was: partly)`
+is a change. Per claim, a verdict that stands in the first run and in the second is skipped, failed
+or missing is a regression (missing is only "not compared" when the second run ran part of the suite
+and says so). A comparison in which no verdict overlapped says so.
 
-A run is the summary `harness.reports.baseline.summarize` makes of a session; a baseline file holds the
-same shape. Metric keys that differ only in a `seed<N>`, `round<N>` or `rank<N>` path component
-(`mlp/amp-fp16/seed0/val_accuracy`, `.../seed1/...`) are repetitions of one quantity, and the
-two sample sets are compared with Welch's t-test. A metric recorded once per run has no spread
-to judge a change against: its change is listed, never flagged.
+A run is the summary `harness.reports.baseline.summarize` makes of a session; a baseline file holds
+the same shape. Metric keys that differ only in a `seed<N>`, `round<N>` or `rank<N>` path component
+(`mlp/amp-fp16/seed0/val_accuracy`, `.../seed1/...`) are repetitions of one quantity, and the two
+sample sets are compared with Welch's t-test. A metric recorded once per run has no spread to judge
+a change against: its change is listed, never flagged.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from pathlib import Path
 
 from harness.catalogue import verdicts
 from harness.common import shown
-from harness.records import shapes
-from harness.reports import baseline, differences
 from harness.common.errors import HarnessError
+from harness.records import shapes
 from harness.records.journal import Journal
 from harness.records.record import _jsonable
+from harness.reports import baseline, differences
 
 ALPHA = 0.05
 THRESHOLD = 0.10  # relative: 10% of the first run's mean
@@ -183,7 +183,8 @@ def compare(
     alpha: float = ALPHA,
     labels: tuple[str, str] | None = None,
 ) -> Comparison:
-    """Compare run `b` with run `a` (both summaries, as harness.reports.baseline.summarize makes)."""
+    """Compare run `b` with run `a` (both summaries, as harness.reports.baseline.summarize
+    makes)."""
     verdicts_a, verdicts_b = _verdicts(a), _verdicts(b)
     verdicts = [
         VerdictChange(claim, test, va["verdict"], vb["verdict"], va["evidence"], vb["evidence"])

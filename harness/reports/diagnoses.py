@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
-from harness.records import tracking
 from harness.common.errors import HarnessError
 from harness.common.shown import visible
+from harness.records import tracking
 from harness.reports.table import cap
 
 if TYPE_CHECKING:  # harness.lab.diagnose imports torch, which the report reading runs never needs

@@ -11,8 +11,8 @@ grouped by test, and a comparison passed in by the caller (`comparison=`; harnes
 builds it).
 
 An environment (a ledger column) is what changes behaviour: the `env.*` facts but the commit,
-the harness version and the kernel's release (harness.records.environments.identity). Those are shown
-with each entry instead, so that editing a file (a `-dirty` commit) does not split the ledger.
+the harness version and the kernel's release (harness.records.environments.identity). Those are
+shown with each entry instead, so that editing a file (a `-dirty` commit) does not split the ledger.
 
 What a column shows: per test, its latest run from the environment's sessions since its latest
 complete session (all its sessions where none is complete), with the session it came from and
@@ -60,14 +60,12 @@ from urllib.parse import urlparse
 
 import harness
 from harness.catalogue import verdicts
-from harness.common import filenames, shown
-from harness.records import record, tracking
-from harness.reports import atlas, diagnoses, differences, table
-from harness.records import environments as envs  # not `environments`: the ledger's columns
 from harness.catalogue.claims import catalogue
+from harness.common import filenames, shown
 from harness.common.errors import HarnessError
 from harness.lab.releases import version_key
-from harness.reports.table import cap
+from harness.records import environments as envs  # not `environments`: the ledger's columns
+from harness.records import record, tracking
 
 # Tags harness.records.tracking writes; runs logged by older versions have none of them.
 from harness.records.tracking import (
@@ -77,6 +75,8 @@ from harness.records.tracking import (
     EXIT_STATUS,
     LEFT_OUT,
 )
+from harness.reports import atlas, diagnoses, differences, table
+from harness.reports.table import cap
 
 DEFAULT_NAME = "report"  # a fixed name, overwritten by the next build: a stable path to bookmark
 EMBEDDED_UI = "http://127.0.0.1:5000"  # what `amp-harness ui` (and `mlflow ui`) serve by default
@@ -121,8 +121,8 @@ class Session:
 
 @dataclass
 class Entry:
-    """One test's verdict on one claim, as it counts (harness.catalogue.verdicts), with the session it
-    came from and the link to its MLflow run."""
+    """One test's verdict on one claim, as it counts (harness.catalogue.verdicts), with the
+    session it came from and the link to its MLflow run."""
 
     claim: str
     verdict: str  # the status's label: "partly", "failed (was: partly)", "skipped", ...
@@ -146,7 +146,8 @@ class Cell:
 class Environment:
     """One ledger column: an environment, per test its latest run (the module docstring)."""
 
-    facts: dict[str, str]  # the facts that make it (harness.records.environments.identity), without "env."
+    # The facts that make it (harness.records.environments.identity), without "env.".
+    facts: dict[str, str]
     label: str
     sessions: list[Session]  # since its latest complete session, newest first
     tests: list = field(default_factory=list)  # the MLflow run shown for each test

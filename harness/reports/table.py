@@ -1,6 +1,6 @@
 """The verdicts printed at the end of a session. By default `summary`: the devices once, then
-one line per claim (its ID, its verdict across the session's tests by harness.catalogue.verdicts' rule,
-and the start of its evidence cut to the terminal's width), then the counts: it reads at 80
+one line per claim (its ID, its verdict across the session's tests by harness.catalogue.verdicts'
+rule, and the start of its evidence cut to the terminal's width), then the counts: it reads at 80
 columns and in a CI log. With `pytest -v`, `render`: the full table, each test's own status and
 evidence.
 
@@ -20,8 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.catalogue import verdicts
-from harness.common import shown
 from harness.catalogue.claims import ARTICLE, VERDICTS, Claim, catalogue
+from harness.common import shown
 from harness.records.record import Record
 
 VERDICT_STYLE = {

@@ -11,9 +11,9 @@ from scipy import stats
 
 from harness import cli
 from harness.catalogue import verdicts
-from harness.reports import baseline, compare
 from harness.common.errors import HarnessError
 from harness.records.journal import Journal, Session
+from harness.reports import baseline, compare
 
 TEST = "scenarios/test_scn.py::test_bytes"
 ACCURACY = {"mlp/amp-fp16/seed0/val_accuracy": 90.0, "mlp/amp-fp16/seed1/val_accuracy": 92.0,
@@ -21,7 +21,8 @@ ACCURACY = {"mlp/amp-fp16/seed0/val_accuracy": 90.0, "mlp/amp-fp16/seed1/val_acc
 
 
 def summary(metrics: dict, verdict: str = "confirmed") -> dict:
-    """The shape harness.reports.baseline.summarize makes (the plugin tests below use the real one)."""
+    """The shape harness.reports.baseline.summarize makes (the plugin tests below use the real
+    one)."""
     return {
         "format": baseline.FORMAT,
         "session_id": "s",

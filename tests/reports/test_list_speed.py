@@ -1,7 +1,7 @@
 """`amp-harness list` and `compare last` at the scale of a year of CI history (issue 24, item
 14): 50,000 journal entries (59 MB) took `list` 9 s and 243 MB, `compare last` 11 s, against the
-README's "under a second". The journal's index (harness.records.journal_index) makes a reading parse only
-what was appended since the last one, and only the records of the sessions shown.
+README's "under a second". The journal's index (harness.records.journal_index) makes a reading
+parse only what was appended since the last one, and only the records of the sessions shown.
 
 The numbers (README, "Speed"): pytest-benchmark's table and --benchmark-json, with the first
 reading (which builds the index), the peak memory and `compare last` in its extra_info."""
@@ -52,8 +52,21 @@ def run(*argv: str) -> tuple[float, int]:
     return time.perf_counter() - started, int(done.stderr.strip().splitlines()[-1])
 
 
+# The peak a reading may reach, per scale: the index keeps it near an empty journal's (37 MB;
+# 43 MB at 10,000 entries); reading the whole journal, as before the index (21579b2~1), took
+# 83 MB at 10,000 entries and 286 MB at 50,000.
+PEAK_MB = {10_000: 60, 50_000: 120}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """10,000 entries, where the index already makes the difference the checks below see; and
+    a year of CI, 50,000, the README's numbers, under --stated-scale."""
+    if "entries" in metafunc.fixturenames:
+        stated = metafunc.config.getoption("stated_scale")
+        metafunc.parametrize("entries", list(PEAK_MB) if stated else [10_000])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("entries", [10_000, 50_000])
 def test_list_benchmark_on_a_year_of_ci_history(benchmark, ci_history, entries, tmp_path):
     reports = ci_history(entries)
     (reports / ".journal.jsonl.index").unlink(missing_ok=True)
@@ -77,4 +90,4 @@ def test_list_benchmark_on_a_year_of_ci_history(benchmark, ci_history, entries, 
     # against 0.3 s; before the index, 4.7 s).
     assert list_s < empty_s + 0.5, benchmark.extra_info
     assert compare_s < empty_s + 0.5, benchmark.extra_info
-    assert list_kb < 120 * 1024, benchmark.extra_info  # before: 286 MB at 50,000
+    assert list_kb < PEAK_MB[entries] * 1024, benchmark.extra_info
