@@ -420,18 +420,52 @@ def test_a_sync_during_a_session_leaves_that_session_to_it(pytester, monkeypatch
     assert parent.info.status == "FINISHED" and "amp.end_reason" not in parent.data.tags
 
 
+# Where the processes of at_once wait, once they have imported what they need.
+AT_THE_START = """
+import time
+print("ready", flush=True)
+start = float(sys.stdin.readline())
+while time.time() < start:
+    time.sleep(0.001)
+"""
 CONCURRENT_SYNC = """
-import json, sys, time
+import json, sys
 from pathlib import Path
 import mlflow.store.tracking.sqlalchemy_store  # imported before the start: both start at once
 from harness.records.journal import Journal
 from harness.records.tracking import MlflowSink
-folder, start = Path(sys.argv[1]), float(sys.argv[2])
-while time.time() < start:
-    time.sleep(0.001)
+folder = Path(sys.argv[1])
+"""
+CONCURRENT_SYNC += (
+    AT_THE_START
+    + """
 sink = MlflowSink(f"sqlite:///{folder}/mlflow.db", reports=folder)
 print(json.dumps(sink.sync(Journal(folder / "journal.jsonl"))))
 """
+)
+
+
+def at_once(*commands: list[str], stderr=None) -> list[subprocess.Popen]:
+    """The processes of `commands` (scripts that reach AT_THE_START), released at one moment
+    once all of them have imported what they need: a start time fixed before they were spawned
+    (8 s on) made the test wait those seconds whatever the imports took."""
+    started = [
+        subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True
+        )  # fmt: skip
+        for command in commands
+    ]
+    said = [process.stdout.readline() for process in started]
+    if any(line.strip() != "ready" for line in said):  # one ended before: its error says why
+        for process in started:
+            process.kill()
+        ended = [process.communicate() for process in started]
+        raise AssertionError(f"a process ended before the start: {said} {ended}")
+    start = time.time() + 0.2  # every process reads it well before
+    for process in started:
+        process.stdin.write(f"{start}\n")
+        process.stdin.flush()  # not closed: communicate() closes it (and flushes it first)
+    return started
 
 
 @pytest.mark.slow
@@ -440,15 +474,7 @@ def test_two_syncs_at_once_log_each_record_once(tmp_path):
     write_journal(tmp_path, "s2", records=15)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowSink(uri, reports=tmp_path).experiment_id()  # the store exists: only sync is raced
-    start = str(time.time() + 8)  # both processes have imported MLflow by then
-    syncs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CONCURRENT_SYNC, str(tmp_path), start],
-            stdout=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for _ in range(2)
-    ]
+    syncs = at_once(*[[sys.executable, "-c", CONCURRENT_SYNC, str(tmp_path)] for _ in range(2)])
     counts = [json.loads(sync.communicate(timeout=300)[0]) for sync in syncs]
     assert sorted(c["records_sent"] for c in counts) == [0, 30]  # one sent all, one waited
     assert sorted(c["records_present"] for c in counts) == [0, 30]
@@ -595,21 +621,24 @@ def test_a_full_disk_under_the_store_leaves_the_journal(pytester, monkeypatch):
 
 
 FIRST_SESSION = """
-import sys, time
+import sys
 from pathlib import Path
 import mlflow.store.tracking.sqlalchemy_store  # imported before the start: both start at once
 from harness.records.journal import Journal
 from harness.records.tracking import MlflowSink, default_uri
-folder, name, start = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+folder, name = Path(sys.argv[1]), sys.argv[2]
 (session,) = Journal(folder / name).sessions().values()
-while time.time() < start:
-    time.sleep(0.001)
+"""
+FIRST_SESSION += (
+    AT_THE_START
+    + """
 sink = MlflowSink(default_uri(folder), reports=folder)
 sink.start_session(session.entry)
 for record in session.records:
     sink.log_record(session.entry, record)
 print(sink.down or "logged")
 """
+)
 
 
 @pytest.mark.slow
@@ -618,16 +647,10 @@ def test_two_first_sessions_on_a_new_store_both_log(tmp_path):
     creates the tables of an empty store as it opens it, and the second one used to fail
     ("table experiments already exists") and stop its session."""
     journals = [write_journal(tmp_path, f"s{i}", name=f"j{i}.jsonl") for i in (1, 2)]
-    start = str(time.time() + 8)  # both processes have imported MLflow by then
-    sessions = [
-        subprocess.Popen(
-            [sys.executable, "-c", FIRST_SESSION, str(tmp_path), j.path.name, start],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for j in journals
-    ]
+    sessions = at_once(
+        *[[sys.executable, "-c", FIRST_SESSION, str(tmp_path), j.path.name] for j in journals],
+        stderr=subprocess.PIPE,
+    )
     outputs = [s.communicate(timeout=300) for s in sessions]
     assert [out.strip().splitlines()[-1:] for out, _ in outputs] == [["logged"], ["logged"]], [
         err[-2000:] for _, err in outputs
