@@ -36,9 +36,10 @@ def test_speed(record):
 def test_workers_share_one_session_and_timing_refuses_to_share(pytester):
     pytester.makepyfile(**{"scenarios/test_scn": SCENARIOS})
     reports = pytester.path / "reports"
-    result = pytester.runpytest_subprocess(
+    # The controller in this process (torch and MLflow imported already), its workers in theirs.
+    result = pytester.runpytest_inprocess(
         "scenarios", "-n", "2", "--amp-device=cpu", "-p", "no:cacheprovider", "-rs",
-        f"--amp-reports={reports}", timeout=300,
+        f"--amp-reports={reports}",
     )  # fmt: skip
     result.assert_outcomes(passed=3, skipped=1)
     result.stdout.fnmatch_lines_random(
