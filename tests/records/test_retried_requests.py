@@ -8,26 +8,49 @@ from __future__ import annotations
 
 import pytest
 from servers import FlakyProxy, MlflowServer, free_port
-from test_tracking import assert_each_record_once_and_whole, run_session, runs, write_journal
+from test_tracking import (
+    assert_each_record_once_and_whole,
+    empty_store,  # noqa: F401 - a fixture
+    run_session,
+    runs,
+    store_in,
+    write_journal,
+)
 
 from harness.records.journal import Journal
 from harness.records.tracking import MlflowSink
 from harness.reports import report
 
+# The tests on the server run on one xdist worker, which starts it once (the fixture `server`).
+ONE_SERVER = pytest.mark.xdist_group("retried-requests-server")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One `mlflow server` for the tests of this module: a start costs ~6 s of CPU and twice that
+    in wall time on two shared cores. Each test finds it as a new one (flaky)."""
+    server = MlflowServer(tmp_path_factory.mktemp("server"), free_port())
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
 
 @pytest.fixture
-def flaky(tmp_path):
-    """(server, proxy): the proxy answers 500 to every third POST, after forwarding it."""
-    server = MlflowServer(tmp_path, free_port())
-    proxy = None
+def flaky(server):
+    """(server, proxy): the proxy answers 500 to every third POST, after forwarding it. The
+    server has no experiment `amp-harness`, as a new one: an earlier test's is renamed."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(server.uri)
+    earlier = client.get_experiment_by_name("amp-harness")
+    if earlier:
+        client.rename_experiment(earlier.experiment_id, f"earlier-{earlier.experiment_id}")
+    proxy = FlakyProxy(server.uri, every=3).start()
     try:
-        server.start()
-        proxy = FlakyProxy(server.uri, every=3).start()
         yield server, proxy
     finally:
-        if proxy:
-            proxy.stop()
-        server.stop()
+        proxy.stop()
 
 
 def sessions_of(uri: str) -> list:
@@ -35,6 +58,7 @@ def sessions_of(uri: str) -> list:
 
 
 @pytest.mark.slow
+@ONE_SERVER
 def test_a_session_through_retried_requests_leaves_one_run_each(pytester, flaky):
     server, proxy = flaky
     result, _ = run_session(pytester, f"--tracking-uri={proxy.uri}")
@@ -50,6 +74,7 @@ def test_a_session_through_retried_requests_leaves_one_run_each(pytester, flaky)
 
 
 @pytest.mark.slow
+@ONE_SERVER
 def test_sync_through_retried_requests_deletes_the_copies_it_made(tmp_path, flaky):
     server, proxy = flaky
     journal = write_journal(tmp_path, "s1", records=6)
@@ -63,10 +88,10 @@ def test_sync_through_retried_requests_deletes_the_copies_it_made(tmp_path, flak
 
 
 @pytest.mark.slow
-def test_the_report_takes_the_parent_run_that_ended(tmp_path):
+def test_the_report_takes_the_parent_run_that_ended(tmp_path, empty_store):  # noqa: F811
     """A store with a session's copy left RUNNING (made before `sync` deleted such copies): the
     report reads the session from the run that ended, in whichever order MLflow lists them."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_in(tmp_path, empty_store)
     journal = write_journal(tmp_path, "s1", records=2)
     sink = MlflowSink(uri, reports=tmp_path)
     sink.sync(journal)
