@@ -40,12 +40,24 @@ def one_line(done: subprocess.CompletedProcess) -> str:
     return line
 
 
+MADE: dict[str, Path] = {}  # the folder the fixture `reports` made, and a copy of it as made
+
+
 @pytest.fixture
 def reports(pytester) -> Path:
-    """A reports folder with one session in MLflow and a second in the journal alone."""
-    run_session(pytester)[0].assert_outcomes(passed=3)
-    run_session(pytester, "--no-mlflow")[0].assert_outcomes(passed=3)
-    return pytester.path / "reports"
+    """A reports folder with one session in MLflow and a second in the journal alone. Made once
+    per process (two sessions: ~2 s); each later test gets it back as it was made, at the path
+    where it was made, which the store and the journal name."""
+    if not MADE:
+        run_session(pytester)[0].assert_outcomes(passed=3)
+        run_session(pytester, "--no-mlflow")[0].assert_outcomes(passed=3)
+        made = pytester.path / "reports"
+        shutil.copytree(made, pytester.path / "reports-as-made")
+        MADE.update(folder=made, copy=pytester.path / "reports-as-made")
+    else:
+        shutil.rmtree(MADE["folder"])
+        shutil.copytree(MADE["copy"], MADE["folder"])
+    return MADE["folder"]
 
 
 @pytest.mark.slow
