@@ -11,6 +11,26 @@ from conftest import assert_fails_naming, predict_as_before_every_change, promot
 MODULE = "test_norm_layers.py"
 
 
+class ShortCNNTraining:
+    """A pytest plugin for the nested session: the scenario module's CNN trains one step, not
+    TRAIN_STEPS (30 fp16 convolution steps on the CPU: most of the module's 8 s).
+
+    For the negative controls of the BatchNorm sweep only: test_half_batchnorm_overflows asserts
+    on the sweep (each std's first inf, then both fixes) before the CNN runs' assertion, and
+    computes them without the CNN, so a failure there is the same with the CNN fully trained.
+    Each control matches its failure message, so that a failure of the shortened CNN's own
+    assertion cannot stand in for it."""
+
+    def pytest_collection_modifyitems(self, items):
+        for module in {item.module for item in items}:
+            assert hasattr(module, "TRAIN_STEPS"), f"{module.__name__} has no TRAIN_STEPS"
+            module.TRAIN_STEPS = 1
+
+
+# The sweep's first assertion, as it fails where a std's running_var misses its prediction.
+SWEEP_FAILED = "*PIT2-NORM-HALF: std *: predicted running_var *, measured *"
+
+
 @pytest.mark.slow
 def test_module_passes_unpatched(run_scenario):
     run_scenario(MODULE).assert_outcomes(passed=2)
@@ -31,8 +51,11 @@ def test_saturating_batchnorm_statistics_fail(run_scenario, monkeypatch):
         return out
 
     monkeypatch.setattr(F, "batch_norm", saturating)
-    result = run_scenario(MODULE, "-k", "test_half_batchnorm_overflows")
+    result = run_scenario(
+        MODULE, "-k", "test_half_batchnorm_overflows", plugins=(ShortCNNTraining(),)
+    )
     assert_fails_naming(result, "PIT2-NORM-HALF")
+    result.stdout.fnmatch_lines([SWEEP_FAILED])
 
 
 def test_layer_norm_promoted_on_cpu_fails(run_scenario, monkeypatch):
@@ -46,8 +69,11 @@ def test_a_release_predicted_to_overflow_early_fails_where_it_does_not(run_scena
     # Told that this torch accumulates the batch variance in fp16 (torch < 2.6 on the CPU), the
     # scenario predicts inf at step 1 from std 47 and fails on a release that keeps it in fp32.
     predict_as_before_every_change(monkeypatch)
-    result = run_scenario(MODULE, "-k", "test_half_batchnorm_overflows")
+    result = run_scenario(
+        MODULE, "-k", "test_half_batchnorm_overflows", plugins=(ShortCNNTraining(),)
+    )
     assert_fails_naming(result, "PIT2-NORM-HALF")
+    result.stdout.fnmatch_lines([SWEEP_FAILED])
 
 
 @pytest.mark.slow
@@ -65,6 +91,8 @@ def test_autocast_keeping_statistics_in_fp16_fails_the_control(run_scenario, mon
         return out
 
     monkeypatch.setattr(F, "batch_norm", statistics_through_fp16)
-    result = run_scenario(MODULE, "-k", "test_half_batchnorm_overflows")
+    result = run_scenario(
+        MODULE, "-k", "test_half_batchnorm_overflows", plugins=(ShortCNNTraining(),)
+    )
     assert_fails_naming(result, "PIT2-NORM-HALF")
     result.stdout.fnmatch_lines(["*PIT2-NORM-HALF: predicted finite fp32 statistics*"])
