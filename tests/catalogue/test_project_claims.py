@@ -69,5 +69,9 @@ def test_a_new_claim_and_its_scenario_from_the_docs_alone(tmp_path):
     assert listed[CLAIM]["last_verdict"] == "confirmed"
 
     # The tests that once counted claims or scenario files pass beside the team's scenario.
-    run("-m", "pytest", "tests/catalogue/test_claims.py", "-q", "-p", "no:cacheprovider", cwd=copy)
+    # Without tests/conftest.py, whose start-up imports (torch._dynamo, MLflow's stores,
+    # matplotlib: ~4 s of CPU) are for nested sessions that use them, none of which these are;
+    # pytester, which it would load, named instead. A fixture of it missing would fail here.
+    run("-m", "pytest", "tests/catalogue/test_claims.py", "-q", "-p", "no:cacheprovider",
+        "--noconftest", "-p", "pytester", cwd=copy)  # fmt: skip
     assert sources(copy) == harness_files  # harness/ untouched
