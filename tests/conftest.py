@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["pytester"]
+# xdist_groups: --dist loadgroup keeps each xdist_group on one worker under pytest 9.2 too.
+pytest_plugins = ["pytester", "xdist_groups"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,6 +88,19 @@ def outside_xdist(monkeypatch):
     nested session there removes these variables itself (tests/lab/test_capabilities.py)."""
     for name in [n for n in os.environ if n.startswith("PYTEST_XDIST_")]:
         monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory) -> Path:
+    """A store with MLflow's tables and nothing in them, made once per process as the harness
+    makes one; tests/tracked.py's store_in copies it. A copy costs milliseconds, a new store 1-2 s
+    of MLflow's migrations: for the tests about what happens in a store, not about a store being
+    made (tests/records/test_tracking.py and test_half_made_store.py try that)."""
+    from harness.records.tracking import client
+
+    store = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
+    client(f"sqlite:///{store}").search_experiments()
+    return store
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import shutil
 import time
 from pathlib import Path
 
 import pytest
+from tracked import store_in
 
 from harness import cli
 from harness.common.errors import HarnessError
-from harness.records import tracking
 from harness.records.journal import Journal
 from harness.records.record import Record, Verdict
 from harness.reports import baseline
@@ -33,23 +32,6 @@ def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
         "scenarios", "--no-mlflow", "-p", "no:cacheprovider",
         f"--amp-reports={pytester.path / 'reports'}", *args,
     )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def made_store(tmp_path_factory) -> Path:
-    """An empty MLflow store made once for the module, as the harness makes one: making its
-    tables costs ~1 s of migrations a store, and what these tests check is what the readers
-    read and send, not how a store is made (tests/records/test_tracking.py and
-    test_half_made_store.py try that)."""
-    path = tmp_path_factory.mktemp("made-store") / tracking.DB_NAME
-    tracking.client(f"sqlite:///{path}")
-    return path
-
-
-def with_store(reports: Path, made_store: Path) -> None:
-    """A copy of the empty store where `reports`' sessions and sync will find it."""
-    reports.mkdir(parents=True, exist_ok=True)
-    shutil.copy(made_store, reports / tracking.DB_NAME)
 
 
 def test_an_unknown_amp_device_is_a_usage_error_listing_the_choices(pytester):
@@ -85,10 +67,10 @@ def test_sync_to_an_unknown_tracking_scheme_names_where_it_came_from(
     assert fnmatch.fnmatch(err, f"*{message}Use one of sqlite://*"), err
 
 
-def test_a_corrupt_journal_line_is_skipped_and_sync_replays_the_rest(tmp_path, capsys, made_store):
+def test_a_corrupt_journal_line_is_skipped_and_sync_replays_the_rest(tmp_path, capsys, empty_store):
     from mlflow import MlflowClient
 
-    with_store(tmp_path, made_store)
+    store_in(tmp_path, empty_store)
     journal = Journal(tmp_path / "journal.jsonl")
     session = {"type": "session", "session_id": "s1", "name": "n", "started": time.time(),
                "args": [], "fingerprint": {"device": "cpu"}}  # fmt: skip
@@ -126,11 +108,11 @@ def test_a_metric_name_mlflow_refuses_is_an_error_before_anything_is_logged(tmp_
 # (tests/records/test_journal.py tries each in detail) ---
 
 
-def test_a_session_after_a_cut_journal_line_is_synced_and_compared(pytester, capsys, made_store):
+def test_a_session_after_a_cut_journal_line_is_synced_and_compared(pytester, capsys, empty_store):
     """A full disk or a crash cut the journal's last line; the next session is read whole:
     `sync` sends it, `compare last` and `baseline save` act on it."""
     reports = pytester.path / "reports"
-    with_store(reports, made_store)
+    store_in(reports, empty_store)
     assert run(pytester, "--amp-device=cpu").ret == 0
     journal = Journal(reports / "journal.jsonl")
     with journal.path.open("a") as f:
@@ -225,12 +207,12 @@ def test_a_full_disk_mid_session_stops_it_with_one_line_and_keeps_what_was_recor
     assert [json.loads(line)["type"] for line in lines] == ["session", "record"]
 
 
-def test_a_journal_line_nested_too_deeply_is_skipped_by_every_reader(pytester, capsys, made_store):
+def test_a_journal_line_nested_too_deeply_is_skipped_by_every_reader(pytester, capsys, empty_store):
     """`{"type": "record", "record": ` and 100,000 `[`: json.loads would raise RecursionError in
     every reader; each skips the line with the warning other unreadable lines get, and reads the
     rest: list, sync, compare last, baseline save, and a session's end with --amp-baseline."""
     reports = pytester.path / "reports"
-    with_store(reports, made_store)
+    store_in(reports, empty_store)
     assert run(pytester, "--amp-device=cpu").ret == 0
     journal = Journal(reports / "journal.jsonl")
     saved = baseline.save(baseline.summarize(journal), reports / "baselines")
@@ -265,13 +247,13 @@ def test_a_journal_line_nested_too_deeply_is_skipped_by_every_reader(pytester, c
         ("torch", "cpu-x86-64_torch-n-a.json"),
     ],
 )
-def test_a_fingerprint_without_a_fact_reads_it_as_n_a(tmp_path, capsys, lacks, name, made_store):
+def test_a_fingerprint_without_a_fact_reads_it_as_n_a(tmp_path, capsys, lacks, name, empty_store):
     """A session fingerprint from another version, without `cpu` (a renamed field): `report`
     and `baseline save` read the missing fact as n/a instead of ending in a KeyError."""
     journal = Journal(tmp_path / "journal.jsonl")
     facts = {"device": "cpu", "cpu": "x86_64", "torch": "2.13.0+cpu"}
     del facts[lacks]
-    with_store(tmp_path, made_store)
+    store_in(tmp_path, empty_store)
     journal.append({"type": "session", "session_id": "s1", "name": "n", "started": time.time(),
                     "args": [], "fingerprint": facts})  # fmt: skip
     record = Record("scenarios/test_x.py::test_0", ["FMT-BYTES"], "cpu", tmp_path,
@@ -310,7 +292,7 @@ def test_bits(record):
 """
 
 
-def test_text_that_is_not_utf8_is_escaped_and_the_session_goes_on(pytester, made_store):
+def test_text_that_is_not_utf8_is_escaped_and_the_session_goes_on(pytester, empty_store):
     """Evidence, a param and a skip reason holding a file name decoded with surrogateescape,
     in a folder whose own name is not UTF-8 (the test's name): each is kept escaped (caf\\xe9)
     in the journal and in MLflow, and every test runs (before: INTERNALERROR, that record in
@@ -323,7 +305,7 @@ def test_text_that_is_not_utf8_is_escaped_and_the_session_goes_on(pytester, made
     folder.mkdir(parents=True)
     (folder / "test_latin.py").write_text(LATIN1)
     reports = pytester.path / "reports"
-    with_store(reports, made_store)
+    store_in(reports, empty_store)
     result = pytester.runpytest_inprocess(
         "scenarios", "--amp-device=cpu", "-p", "no:cacheprovider", f"--amp-reports={reports}",
         "-v",

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_tracking import (
+from tracked import (
     assert_each_record_once_and_whole,
     fresh,
     journal,

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 from servers import FlakyProxy, MlflowServer, free_port
-from test_tracking import (
+from tracked import (
     assert_each_record_once_and_whole,
-    empty_store,  # noqa: F401 - a fixture
     run_session,
     runs,
     store_in,

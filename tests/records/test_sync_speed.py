@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_tracking import assert_each_record_once_and_whole, write_journal
+from tracked import assert_each_record_once_and_whole, write_journal
 
 from harness.records.journal import Journal
 from harness.records.tracking import MlflowSink, default_uri

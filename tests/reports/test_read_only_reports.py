@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_tracking import run_session
+from tracked import run_session
 
 # sh -c SCRIPT FOLDER COMMAND...: FOLDER read-only for COMMAND alone.
 READ_ONLY = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
