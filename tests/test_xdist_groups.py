@@ -16,24 +16,23 @@ import pytest
 @pytest.mark.parametrize("i", range(6))
 def test_member(i):
     pass
-
-@pytest.mark.parametrize("i", range(6))
-def test_free(i):
-    pass
 """
 
 
 @pytest.mark.slow
-def test_a_group_runs_on_one_worker_and_the_others_spread(pytester, monkeypatch):
+def test_a_group_runs_on_one_worker(pytester, monkeypatch):
     pytester.makepyfile(test_grouped=GROUPED)
     monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))  # where the workers find the plugin
     result = pytester.runpytest_subprocess(
         "-n", "2", "--dist", "loadgroup", "-p", "xdist_groups", "-p", "no:cacheprovider", "-v",
     )  # fmt: skip
-    result.assert_outcomes(passed=12)
+    result.assert_outcomes(passed=6)
+    # The scheduler groups by the `@group` suffix of a test's id (without it, as under pytest
+    # 9.2 with xdist 3.8 alone, the members scatter, or share a worker only by chance).
+    members = [line for line in result.outlines if "PASSED test_grouped.py::test_member[" in line]
+    assert len(members) == 6 and all(line.rstrip().endswith("@shared") for line in members), members
     workers = defaultdict(set)
-    for line in result.outlines:
-        if found := re.match(r"\[(gw\d)\].* PASSED test_grouped\.py::(test_\w+)\[", line):
-            workers[found[2]].add(found[1])
-    assert workers["test_member"] and len(workers["test_member"]) == 1, dict(workers)
-    assert len(workers["test_free"]) == 2, dict(workers)  # the control: ungrouped ones spread
+    for line in members:
+        found = re.match(r"\[(gw\d)\]", line)
+        workers[found[1] if found else "?"].add(line)
+    assert len(workers) == 1, dict(workers)  # one worker ran the whole group
