@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import os
 import shutil
@@ -175,6 +176,14 @@ def assert_fails_naming(
     assert any(line.startswith("E ") and f"{claim}:" in line for line in result.outlines), (
         f"no assertion naming {claim} in the failure output"
     )
+
+
+def assert_failed_on(result: pytest.RunResult, pattern: str) -> None:
+    """The nested run failed on an assertion whose message matches `pattern` (fnmatch): on an
+    "E" line, not in the scenario's source, which the traceback shows too (with every
+    assertion's message in it), whichever assertion failed."""
+    errors = [line for line in result.outlines if line.startswith("E ")]
+    assert any(fnmatch.fnmatch(line, pattern) for line in errors), (pattern, errors)
 
 
 def half_in_larger_buffers(monkeypatch: pytest.MonkeyPatch) -> None:

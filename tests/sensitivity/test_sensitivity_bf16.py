@@ -5,7 +5,7 @@ the scenario then fails with an assertion naming its claim."""
 from __future__ import annotations
 
 import torch
-from conftest import assert_fails_naming
+from conftest import assert_failed_on, assert_fails_naming
 from torch.amp.grad_scaler import GradScaler
 
 MODULE = "test_bf16.py"
@@ -65,4 +65,4 @@ def test_a_scaler_that_does_not_scale_fails_the_control(run_scenario, monkeypatc
     monkeypatch.setattr(GradScaler, "scale", lambda self, loss: scale(self, loss) / self._scale)
     result = run_scenario(MODULE, "-k", "without_a_scaler")
     assert_fails_naming(result, "BF16-NO-SCALER")
-    result.stdout.fnmatch_lines(["*BF16-NO-SCALER: predicted GradScaler to keep the fp16*"])
+    assert_failed_on(result, "*BF16-NO-SCALER: predicted GradScaler to keep the fp16*")

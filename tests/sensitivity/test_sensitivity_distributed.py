@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import assert_fails_naming
+from conftest import assert_failed_on, assert_fails_naming
 
 from harness.lab.distributed import SETUP_ENV
 
@@ -84,7 +84,7 @@ def test_an_fsdp2_scaler_deciding_alone_fails_the_scenario(run_scenario, monkeyp
     monkeypatch.setenv(SETUP_ENV, f"{__name__}:sharded_scaler_without_sync")
     result = run_scenario(MODULE, "-k", "fsdp2 and world2")
     assert_fails_naming(result, "PIT3-CHECK-BEFORE-STEP")
-    result.stdout.fnmatch_lines(["*predicted every FSDP2 rank to skip*"])
+    assert_failed_on(result, "*predicted every FSDP2 rank to skip*")
 
 
 def fully_shard_that_breaks() -> None:
@@ -104,7 +104,7 @@ def test_a_broken_fsdp2_fails_its_test_alone(run_scenario, monkeypatch):
     monkeypatch.setenv(SETUP_ENV, f"{__name__}:fully_shard_that_breaks")
     result = run_scenario(MODULE, "-k", "world2")
     assert_fails_naming(result, "PIT3-CHECK-BEFORE-STEP", passed=4)  # the other experiments
-    result.stdout.fnmatch_lines(["*FSDP2 fully_shard failed: rank 0: AttributeError*record_event*"])
+    assert_failed_on(result, "*FSDP2 fully_shard failed: rank 0: AttributeError*record_event*")
 
 
 def fsdp2_without_its_names() -> None:

@@ -10,7 +10,7 @@ assertion of GradScaler.
 from __future__ import annotations
 
 import pytest
-from conftest import assert_fails_naming, unscale_without_dividing
+from conftest import assert_failed_on, assert_fails_naming, unscale_without_dividing
 from torch.amp.grad_scaler import GradScaler, OptState
 
 MODULE = "test_grad_scaler.py"
@@ -74,7 +74,7 @@ def test_an_update_that_ignores_its_factors_fails_the_control(monkeypatch, run_s
     monkeypatch.setattr(GradScaler, "update", _update_with_the_default_factors)
     result = run_scenario(MODULE, "-k", "backs_off_on_inf")
     assert_fails_naming(result, "SCL-UPDATE-DYNAMIC")
-    result.stdout.fnmatch_lines(["*SCL-UPDATE-DYNAMIC: predicted a scaler with factors*"])
+    assert_failed_on(result, "*SCL-UPDATE-DYNAMIC: predicted a scaler with factors*")
 
 
 def test_module_passes_unpatched(run_scenario):

@@ -9,7 +9,7 @@ import contextlib
 
 import pytest
 import torch
-from conftest import assert_fails_naming, half_in_larger_buffers
+from conftest import assert_failed_on, assert_fails_naming, half_in_larger_buffers
 
 from harness.lab import devices
 
@@ -105,4 +105,4 @@ def test_half_parameters_that_keep_a_larger_buffer_fail_the_static_control(
     half_in_larger_buffers(monkeypatch)
     result = run_scenario(MODULE, "-k", "test_static_memory_of_training_a_7b_model")
     assert_fails_naming(result, "HDL-MEMORY")
-    assert any("negative control: predicted `half` to halve" in line for line in result.outlines)
+    assert_failed_on(result, "*negative control: predicted `half` to halve*")

@@ -3,12 +3,15 @@ CPU autocast run layer_norm in fp32, and the scenario fails with an assertion na
 
 from __future__ import annotations
 
-import fnmatch
-
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_fails_naming, predict_as_before_every_change, promote_layer_norm
+from conftest import (
+    assert_failed_on,
+    assert_fails_naming,
+    predict_as_before_every_change,
+    promote_layer_norm,
+)
 
 MODULE = "test_norm_layers.py"
 
@@ -31,14 +34,6 @@ class ShortCNNTraining:
 
 # The sweep's first assertion, as it fails where a std's running_var misses its prediction.
 SWEEP_FAILED = "*PIT2-NORM-HALF: std *: predicted running_var *, measured *"
-
-
-def assert_failed_on(result: pytest.RunResult, pattern: str) -> None:
-    """The nested run failed on an assertion whose message matches `pattern`: on an "E" line,
-    not in the scenario's source, which the traceback shows too (with every assertion's
-    message), whichever assertion failed."""
-    errors = [line for line in result.outlines if line.startswith("E ")]
-    assert any(fnmatch.fnmatch(line, pattern) for line in errors), (pattern, errors)
 
 
 @pytest.mark.slow
