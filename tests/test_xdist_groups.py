@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-import pytest
 from conftest import REPO
 
 GROUPED = """
@@ -19,12 +18,12 @@ def test_member(i):
 """
 
 
-@pytest.mark.slow
 def test_a_group_runs_on_one_worker(pytester, monkeypatch):
     pytester.makepyfile(test_grouped=GROUPED)
     monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))  # where the workers find the plugin
     result = pytester.runpytest_subprocess(
-        "-n", "2", "--dist", "loadgroup", "-p", "xdist_groups", "-p", "no:cacheprovider", "-v",
+        "-n", "2", "--dist", "loadgroup", "-p", "xdist_groups", "-v",
+        "-p", "no:amp_harness", "-p", "no:cacheprovider",  # no torch to import: a second
     )  # fmt: skip
     result.assert_outcomes(passed=6)
     # The scheduler groups by the `@group` suffix of a test's id (without it, as under pytest
