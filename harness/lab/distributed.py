@@ -1,6 +1,6 @@
 """Real torch.distributed ranks for the distributed scenarios.
 
-`run_ranks(target, world_size, device)` spawns one process per rank, joins them into a process
+`run_ranks(target, world_size, device)` starts one process per rank, joins them into a process
 group (gloo on the CPU; NCCL only with one GPU per rank: several NCCL ranks on one GPU do not
 work), calls `target(ctx, *args)` on each and returns the per-rank results (anything picklable:
 keep them plain, lists rather than tensors). A rank that raises, crashes or hangs becomes a
@@ -74,8 +74,14 @@ def _context(rank: int, world_size: int, backend: str, local_rank: int) -> RankC
     return RankContext(rank, world_size, backend, torch.device("cpu"))
 
 
-def _rank_main(target, args, rank, world_size, backend, folder: str, timeout_s: float) -> None:
-    """The body of one spawned rank: its output goes to a log file, its result to a pickle."""
+def _rank_main(
+    target, args, rank, world_size, backend, folder: str, timeout_s: float, environ: dict
+) -> None:
+    """The body of one rank: its output goes to a log file, its result to a pickle."""
+    # The caller's environment now, not the fork server's from when it started (SETUP_ENV,
+    # a user's GLOO_* or NCCL_* settings made since).
+    os.environ.clear()
+    os.environ.update(environ)
     folder = Path(folder)
     log = os.open(folder / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(log, 1)
@@ -143,16 +149,16 @@ def run_ranks(
 ) -> list:  # fmt: skip
     """Run `target(RankContext, *args)` on `world_size` ranks; results in rank order.
 
-    `target` must be importable by name (a module-level function): ranks are spawned, not
-    forked, so that no thread or CUDA state of the parent leaks into them."""
+    `target` must be importable by name (a module-level function): ranks are not forked from
+    this process, so that no thread or CUDA state of the parent leaks into them."""
     backend = backend_for(device_type, world_size)
-    spawn = multiprocessing.get_context("spawn")
+    spawn = _rank_starter()
     with tempfile.TemporaryDirectory(prefix="amp-ranks-") as tmp:
         folder = Path(tmp)
         processes = [
             spawn.Process(
                 target=_rank_main,
-                args=(target, args, rank, world_size, backend, tmp, timeout_s),
+                args=(target, args, rank, world_size, backend, tmp, timeout_s, dict(os.environ)),
                 name=f"amp-rank{rank}",
             )
             for rank in range(world_size)
@@ -166,6 +172,18 @@ def run_ranks(
             )
         return [pickle.loads((folder / f"rank{r}.pickle").read_bytes())["result"]
                 for r in range(world_size)]  # fmt: skip
+
+
+def _rank_starter():
+    """Where ranks come from: a fork server that imported torch once (a clean process, no
+    thread or CUDA state of this one), each rank a fork of it: a rank starts in milliseconds
+    instead of importing torch anew (1-2 s of CPU each, several ranks a scenario). Spawned
+    where there is no fork server (Windows)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch.distributed", __name__])
+    return context
 
 
 def _wait(processes, folder: Path, deadline: float, timeout_s: float) -> list[str]:
