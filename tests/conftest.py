@@ -156,6 +156,19 @@ def run_scenario(pytester: pytest.Pytester, request: pytest.FixtureRequest):
     return run
 
 
+class Toy:
+    """A pytest plugin that shrinks a scenario module's sizes once it is imported."""
+
+    def __init__(self, **sizes):
+        self.sizes = sizes
+
+    def pytest_collection_modifyitems(self, items):
+        for module in {item.module for item in items}:
+            for name, value in self.sizes.items():
+                assert hasattr(module, name), f"{module.__name__} has no {name} to shrink"
+                setattr(module, name, value(module) if callable(value) else value)
+
+
 def load_scenario(module: str):
     """A scenario module imported by path, for testing its pure decision functions on the CPU."""
     spec = importlib.util.spec_from_file_location(

@@ -20,7 +20,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import assert_failed_on, assert_fails_naming, load_scenario
+from conftest import Toy, assert_failed_on, assert_fails_naming, load_scenario
 
 from harness.lab import devices, measure
 from harness.records.journal import JOURNAL_NAME, Journal
@@ -69,19 +69,6 @@ def frozen_heap():
     gc.freeze()
     yield
     gc.unfreeze()
-
-
-class Toy:
-    """A pytest plugin that shrinks a scenario module's sizes once it is imported."""
-
-    def __init__(self, **sizes):
-        self.sizes = sizes
-
-    def pytest_collection_modifyitems(self, items):
-        for module in {item.module for item in items}:
-            for name, value in self.sizes.items():
-                assert hasattr(module, name), f"{module.__name__} has no {name} to shrink"
-                setattr(module, name, value(module) if callable(value) else value)
 
 
 # The fewest rounds whose intervals decide (measure.min_rounds): the decision paths run too.

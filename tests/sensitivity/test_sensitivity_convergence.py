@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import assert_failed_on, assert_fails_naming, load_scenario
+from conftest import Toy, assert_failed_on, assert_fails_naming, load_scenario
 from torch.amp.grad_scaler import GradScaler, OptState
 
 MODULE = "test_convergence.py"
@@ -21,21 +21,9 @@ convergence = load_scenario(MODULE)  # for its statistics, with synthetic runs (
 _step = GradScaler.step
 
 
-class MLPOnly:
-    """A pytest plugin for the nested session: the scenario's small models narrowed to the MLP,
-    the first of SMALL (the CNN's fp16 convolutions and the transformer's six seeds are most of
-    the module's time).
-
-    For the negative controls only, each of which fails on the MLP: the slowdown test asserts on
-    each model's pairs in SMALL's order, the MLP's first, then on the control (an MLP of its
-    own), and each model's runs are its own, so a failure that the MLP or the control shows is
-    the same with every model trained (the same message, numbers and all). Each control matches
-    its failure message, so that no other assertion can stand in for it."""
-
-    def pytest_collection_modifyitems(self, items):
-        for module in {item.module for item in items}:
-            assert module.SMALL[0].kind == "mlp", module.SMALL
-            module.SMALL = module.SMALL[:1]
+# For the negative controls only: the scenario's small models narrowed to the MLP, the first of
+# SMALL (see MLP_ONLY's users below for why a failure is the same with every model trained).
+MLP_ONLY = Toy(SMALL=lambda module: module.SMALL[:1])
 
 
 def _step_dropping_three_in_four(self, optimizer, *args, **kwargs):
@@ -51,7 +39,7 @@ def _step_dropping_three_in_four(self, optimizer, *args, **kwargs):
 def test_scaler_dropping_updates_fails_both_claims(run_scenario, monkeypatch):
     # One run of the whole module (its tests share the control's runs): both tests fail.
     monkeypatch.setattr(GradScaler, "step", _step_dropping_three_in_four)
-    result = run_scenario(MODULE, plugins=(MLPOnly(),))
+    result = run_scenario(MODULE, plugins=(MLP_ONLY,))
     for claim in ("PIT4-SMALL-CONVERGENCE", "HDL-ACCURACY"):
         assert_fails_naming(result, claim, failed=2)
     for says in (
@@ -132,6 +120,6 @@ def test_a_control_whose_underflow_is_scaled_away_fails_that_control(run_scenari
 
     scaled = dataclasses.replace(recipes.RECIPES["amp-fp16-noscaler"], scaler=True)
     monkeypatch.setitem(recipes.RECIPES, "amp-fp16-noscaler", scaled)
-    result = run_scenario(MODULE, "-k", "test_amp_does_not_slow_small_models", plugins=(MLPOnly(),))
+    result = run_scenario(MODULE, "-k", "test_amp_does_not_slow_small_models", plugins=(MLP_ONLY,))
     assert_fails_naming(result, "PIT4-SMALL-CONVERGENCE")
     assert_failed_on(result, "*predicted the control to be slower*")

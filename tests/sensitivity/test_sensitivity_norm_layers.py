@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import (
+    Toy,
     assert_failed_on,
     assert_fails_naming,
     predict_as_before_every_change,
@@ -16,20 +17,9 @@ from conftest import (
 MODULE = "test_norm_layers.py"
 
 
-class ShortCNNTraining:
-    """A pytest plugin for the nested session: the scenario module's CNN trains one step, not
-    TRAIN_STEPS (30 fp16 convolution steps on the CPU: most of the module's 8 s).
-
-    For the negative controls of the BatchNorm sweep only: test_half_batchnorm_overflows asserts
-    on the sweep (each std's first inf, then both fixes) before the CNN runs' assertion, and
-    computes them without the CNN, so a failure there is the same with the CNN fully trained.
-    Each control matches its failure message, so that a failure of the shortened CNN's own
-    assertion cannot stand in for it."""
-
-    def pytest_collection_modifyitems(self, items):
-        for module in {item.module for item in items}:
-            assert hasattr(module, "TRAIN_STEPS"), f"{module.__name__} has no TRAIN_STEPS"
-            module.TRAIN_STEPS = 1
+# For the BatchNorm sweep's negative controls only: the CNN trains one step (its 30 fp16 steps
+# are most of the module's 8 s); the sweep's assertions come first and do not use it.
+SHORT_CNN_TRAINING = Toy(TRAIN_STEPS=1)
 
 
 # The sweep's first assertion, as it fails where a std's running_var misses its prediction.
@@ -57,7 +47,7 @@ def test_saturating_batchnorm_statistics_fail(run_scenario, monkeypatch):
 
     monkeypatch.setattr(F, "batch_norm", saturating)
     result = run_scenario(
-        MODULE, "-k", "test_half_batchnorm_overflows", plugins=(ShortCNNTraining(),)
+        MODULE, "-k", "test_half_batchnorm_overflows", plugins=(SHORT_CNN_TRAINING,)
     )
     assert_fails_naming(result, "PIT2-NORM-HALF")
     assert_failed_on(result, SWEEP_FAILED)
@@ -75,7 +65,7 @@ def test_a_release_predicted_to_overflow_early_fails_where_it_does_not(run_scena
     # scenario predicts inf at step 1 from std 47 and fails on a release that keeps it in fp32.
     predict_as_before_every_change(monkeypatch)
     result = run_scenario(
-        MODULE, "-k", "test_half_batchnorm_overflows", plugins=(ShortCNNTraining(),)
+        MODULE, "-k", "test_half_batchnorm_overflows", plugins=(SHORT_CNN_TRAINING,)
     )
     assert_fails_naming(result, "PIT2-NORM-HALF")
     assert_failed_on(result, SWEEP_FAILED)
@@ -97,7 +87,7 @@ def test_autocast_keeping_statistics_in_fp16_fails_the_control(run_scenario, mon
 
     monkeypatch.setattr(F, "batch_norm", statistics_through_fp16)
     result = run_scenario(
-        MODULE, "-k", "test_half_batchnorm_overflows", plugins=(ShortCNNTraining(),)
+        MODULE, "-k", "test_half_batchnorm_overflows", plugins=(SHORT_CNN_TRAINING,)
     )
     assert_fails_naming(result, "PIT2-NORM-HALF")
     assert_failed_on(result, "*PIT2-NORM-HALF: predicted finite fp32 statistics*")
