@@ -313,18 +313,28 @@ def _baseline_comparison(reports: Path, spec: str) -> str | list[dict] | None:
         result = compare.compare(compare.read_baseline(path), last, labels=(str(path), label))
     except HarnessError as exc:  # no session, no baseline, a bad one: the report says so
         return f"no comparison: {exc}"
-    rows = [{"change": "verdict", "what": v.describe()} for v in result.verdicts]
-    rows += [{"change": "decision lost", "what": d.describe()} for d in result.lost]
-    rows += [
-        {"change": "metric, flagged" if m.flagged else "metric", "what": m.describe()}
-        for m in result.metrics
+    counted = [("verdict", v) for v in result.verdicts]
+    counted += [("decision lost", d) for d in result.lost]
+    counted += [("metric, flagged", m) for m in result.metrics if m.flagged]
+    # The regressions first, then what the hardware explains, then the metrics only listed.
+    counted.sort(key=lambda kind_change: kind_change[1].attribution.explained)
+    rows = [
+        {
+            "change": kind + (f", {compare.EXPLAINED}" if change.attribution.explained else ""),
+            "what": change.what(),
+            "why": change.attribution.why,
+        }
+        for kind, change in counted + [("metric", m) for m in result.metrics if not m.flagged]
     ]
     if result.not_compared:
         rows.append(
             {"change": "not compared", "what": f"part of the suite not run in {label} "
              f"({'; '.join(result.b_lacks)}): {', '.join(result.not_compared)}"}
         )  # fmt: skip
-    return rows or f"{label} against {path}: {result.summary_line()}"
+    notes = result.hardware_notes()  # across classes, or a class that is only a name
+    if not rows:
+        return " ".join([f"{label} against {path}: {result.summary_line()}.", *notes])
+    return [{"change": "hardware", "what": note} for note in notes] + rows
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from harness.catalogue.claims import catalogue, unknown_ids
 from harness.catalogue.verdicts import CAPABILITY_REGRESSION
 from harness.common import shown
 from harness.common.errors import HarnessError
-from harness.lab import devices
+from harness.lab import devices, hardware
 from harness.records import environments, fingerprint, isolation, stopsignals, warned
 from harness.records.journal import JOURNAL_NAME, Journal
 from harness.records.record import Record
@@ -68,6 +68,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=_positive_int,
         default=1,
         help="torch threads for scenarios on the CPU (default 1: see README)",
+    )
+    group.addoption(
+        "--amp-cpu-class",
+        default=None,
+        choices=tuple(hardware.HOLD),
+        help="hold the CPU kernels (ATen's dispatch, oneDNN, MKL) to this class, to measure a "
+        "lower class of CPU on this machine; the class in force is read back from torch and "
+        "oneDNN, and a class not in force is an error",
     )
     group.addoption(
         "--no-mlflow",
@@ -317,12 +325,26 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(claims.use_project(config.rootpath / project))
     config.add_cleanup(stopsignals.as_ctrl_c())  # SIGTERM, SIGHUP: as Ctrl-C
     try:
+        _hold_cpu_class(config.getoption("amp_cpu_class"))
         device = devices.resolve(config.getoption("amp_device"))
         catalogue()  # a malformed catalogue stops the session here, with its file and field
     except HarnessError as exc:
         raise pytest.UsageError(str(exc)) from None
     reports = Path(config.getoption("amp_reports") or config.rootpath / "reports")
     config.stash[_STATE] = AmpSession(config, device, reports.resolve(), scenarios)
+
+
+def _hold_cpu_class(level: str | None) -> None:
+    """--amp-cpu-class: hold this process's CPU kernels (and its workers', which inherit the
+    variables) to `level` before any probe runs them, and check that the class is in force."""
+    if level is None:
+        return
+    held = hardware.hold(level)
+    try:
+        hardware.check_held(level)
+    except hardware.NotInForce as exc:
+        given = " ".join(f"{name}={value}" for name, value in held.items())
+        raise HarnessError(f"--amp-cpu-class {level} ({given}): {exc}") from None
 
 
 def _pin_gpu(config: pytest.Config) -> None:
@@ -474,12 +496,22 @@ def record(request: pytest.FixtureRequest) -> Record:
 
 
 def _new_record(item: pytest.Item, state: AmpSession) -> Record:
-    return Record(
+    record = Record(
         test=item.nodeid,
         claims=_claim_ids(item) or [],
         device=state.device.describe(),
         artifact_dir=state.reports / "records" / item.nodeid.replace("/", "_").replace("::", "."),
     )
+    # What follows the hardware among what the test needs: where another class lacks it, the
+    # test's verdicts there differ because of the hardware. A timing test's numbers depend on
+    # the class as a whole.
+    needs = {n for marker in item.iter_markers("requires") for n in marker.args}
+    timing = {environments.CLASS} if item.get_closest_marker("timing") else set()
+    follows = {n for n in needs if (state.device.type, n) in devices.HARDWARE_CAPABILITIES}
+    depends = follows | timing
+    if depends:
+        record.depends_on_hardware(*sorted(depends))
+    return record
 
 
 def _missing_requirement(item: pytest.Item, state: AmpSession) -> devices.Lack | None:
@@ -723,7 +755,23 @@ def _write_comparison(terminalreporter, state: AmpSession) -> None:
         terminalreporter.write_line(
             f"amp-harness: {compare.MissingBaseline(state.baseline)}", yellow=True
         )
+        legacy = state.baseline.with_name(baseline.legacy_filename(state.entry["fingerprint"]))
+        if legacy != state.baseline and legacy.is_file():
+            terminalreporter.write_line(
+                f"amp-harness: {legacy} was saved before hardware classes: it does not say "
+                f"which CPU class it was measured on, so it is never taken as this "
+                f"environment's ({environments.hardware_class(state.entry['fingerprint'])}); "
+                f"compare with it by hand (--amp-baseline {legacy}) or save one for this class",
+                yellow=True,
+            )
         return
+    facts = state.baseline_summary.get("fingerprint", {})
+    terminalreporter.write_line(
+        f"baseline {state.baseline}: hardware class {environments.hardware_class(facts)}"
+        + (" (saved before hardware classes: a name only)" if environments.is_legacy(facts) else "")
+        + f", torch {environments.fact(facts, 'torch')}; this session: "
+        f"{environments.hardware_class(state.entry['fingerprint'])}"
+    )
     if comparison.not_compared:
         terminalreporter.write_line(
             f"baseline {state.baseline}: not compared, this session ran part of the suite "

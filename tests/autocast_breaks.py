@@ -11,19 +11,24 @@ import torch
 
 
 @contextlib.contextmanager
-def mm_without_autocast():
-    """aten::mm's AutocastCPU kernel replaced by one that casts nothing, until the block ends."""
+def without_autocast_rule(op: str):
+    """aten::`op`'s AutocastCPU kernel replaced by one that casts nothing, until the block ends."""
 
-    def uncast(x, y):
+    def uncast(*args, **kwargs):
         keys = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
         with torch._C._ExcludeDispatchKeyGuard(keys):
-            return torch.ops.aten.mm(x, y)
+            return getattr(torch.ops.aten, op)(*args, **kwargs)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
         library = torch.library.Library("aten", "IMPL")
-        library.impl("mm", uncast, "AutocastCPU")
+        library.impl(op, uncast, "AutocastCPU")
     try:
         yield
     finally:
         library._destroy()  # the original kernel is back
+
+
+def mm_without_autocast():
+    """aten::mm's AutocastCPU kernel replaced by one that casts nothing, until the block ends."""
+    return without_autocast_rule("mm")

@@ -17,7 +17,7 @@ CPU = {
 }  # fmt: skip
 GPU = {**CPU, "device": "cuda", "gpu_name": "NVIDIA H200", "gpu_count": "1",
        "compute_capability": "9.0", "cuda": "12.8", "torch": "2.11.0"}  # fmt: skip
-CPU_LABEL, GPU_LABEL = "cpu x86_64 / torch 2.13.0+cpu", "NVIDIA H200 / torch 2.11.0 / CUDA 12.8"
+CPU_LABEL, GPU_LABEL = "cpu-x86-64 / torch 2.13.0+cpu", "NVIDIA H200 / torch 2.11.0 / CUDA 12.8"
 
 
 def png(folder: Path) -> Path:

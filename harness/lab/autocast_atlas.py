@@ -52,6 +52,16 @@ class Check:
     documented: str  # "lower", "float32", "promote", "raises" or NO_LIST
     measured: str  # OpResult.describe()
     holds: bool
+    hardware: str = ""  # where it does not hold: the hardware's lack that explains it
+
+
+# Ops whose kernel for a 16-bit dtype exists on some hardware only (a capability of
+# harness.lab.devices): where the hardware lacks it, the op raises under autocast whatever its
+# autocast rule. On the CPU, autocast runs nn.LSTM as oneDNN's mkldnn_rnn_layer.
+HARDWARE_KERNELS: dict[tuple[str, torch.dtype], dict[str, str]] = {
+    ("cpu", torch.bfloat16): {"mkldnn_rnn_layer": "bf16_rnn"},
+    ("cpu", torch.float16): {"mkldnn_rnn_layer": "fp16_rnn"},
+}
 
 
 @dataclass
@@ -160,11 +170,16 @@ def own_rule(name: str, device: str) -> bool:
         return False
 
 
-def judge(atlas: Atlas, documented: Documented) -> dict[str, list[Check]]:
+def judge(
+    atlas: Atlas, documented: Documented, lacking: dict[str, str] | None = None
+) -> dict[str, list[Check]]:
     """Each op held against the documented list it is on, grouped by list. An op on no list must
     run in its input's dtype, or change it only downstream of a listed op it is made of; a rule
     of its own that the docs do not list, or an error, is a mismatch. "grads": every op whose
-    backward ran, its inputs' gradients in their own dtypes."""
+    backward ran, its inputs' gradients in their own dtypes. `lacking`: op -> why this hardware
+    has no kernel for it in this dtype (HARDWARE_KERNELS): an op of those that raises is still
+    a mismatch, and the check says the hardware explains it."""
+    lacking = lacking or {}
     checks: dict[str, list[Check]] = {"lower": [], "float32": [], "promote": [], NO_LIST: []}
     for name, result in atlas.results.items():
         where = listed(name, documented, atlas.device)
@@ -185,7 +200,8 @@ def judge(atlas: Atlas, documented: Documented) -> dict[str, list[Check]]:
                 "raises": result.behaviour == "raises",
             }[where]
         group = "float32" if where == "raises" else where
-        checks[group].append(Check(name, where, measured, holds))
+        explained = lacking.get(name, "") if result.behaviour == "raises" and not holds else ""
+        checks[group].append(Check(name, where, measured, holds, explained))
     checks["grads"] = [
         Check(name, "input's dtype", "matches" if r.grads_match else "differs", bool(r.grads_match))
         for name, r in atlas.results.items()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import inspect
+import re
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 from harness.common.errors import HarnessError
-from harness.lab import releases, tf32
+from harness.lab import hardware, releases, tf32
 from harness.lab.gpus import GpuFigures, Identified, identify
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
@@ -132,6 +133,45 @@ def _probe_fp8_matmul(device: str) -> Probe:
     )
 
 
+def _probe_rnn(device: str, dtype: torch.dtype) -> Probe:
+    """nn.LSTM under autocast: on the CPU, autocast runs it as oneDNN's mkldnn_rnn_layer, whose
+    kernels for a 16-bit dtype exist only from some instruction sets on."""
+    lstm = torch.nn.LSTM(4, 4).to(device)
+    with torch.autocast(device_type=device, dtype=dtype):
+        out, _ = lstm(torch.ones(3, 2, 4, device=device))
+    return Probe(
+        out.dtype == dtype,
+        f"under autocast({device}, {_dtype(dtype)}) an nn.LSTM output {_dtype(out.dtype)}",
+    )
+
+
+# oneDNN's names for matmul kernels that compute on 16-bit floats in hardware, not by converting
+# to float32 first ("brg_matmul:avx512_core_bf16"; "gemm:jit:bf16" converts on AVX-512 alone).
+_NATIVE_KERNELS = {
+    torch.bfloat16: r"avx512_core_bf16|amx|avx10|avx2_vnni_2|avx512_core_fp16",
+    torch.float16: r"avx512_core_fp16|amx_fp16|avx10|avx2_vnni_2",
+}
+
+
+def _probe_matmul_kernel(device: str, dtype: torch.dtype) -> Probe:
+    """Which kernel runs a 16-bit CPU matmul, read from oneDNN's verbose lines: one that uses
+    the CPU's own bf16/fp16 instructions, an emulated one, or none of oneDNN's (ATen's)."""
+    if device != "cpu":
+        return Probe(False, "a question about CPU kernels; this device is CUDA")
+    a = torch.ones(64, 64, dtype=dtype)
+
+    def matmul() -> None:
+        with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+            a @ a
+
+    ran = re.findall(r"exec,cpu,matmul,([^,]+)", hardware.stdout_of(matmul))
+    kernel = ran[0] if ran else "no oneDNN kernel (ATen's own)"
+    return Probe(
+        bool(ran) and re.search(_NATIVE_KERNELS[dtype], kernel) is not None,
+        f"a {_dtype(dtype)} 64x64 matmul ran on {kernel}",
+    )
+
+
 def _probe_gloo(device: str) -> Probe:
     """The distributed scenarios rehearse on gloo ranks on the CPU, whatever the session's
     device: gloo is part of every Linux, macOS and Windows wheel torch publishes."""
@@ -166,6 +206,10 @@ PROBES = {
     "fp8_matmul": _probe_fp8_matmul,
     "gloo": _probe_gloo,
     "fsdp2": _probe_fsdp2,
+    "bf16_rnn": lambda device: _probe_rnn(device, torch.bfloat16),
+    "fp16_rnn": lambda device: _probe_rnn(device, torch.float16),
+    "bf16_matmul_kernel": lambda device: _probe_matmul_kernel(device, torch.bfloat16),
+    "fp16_matmul_kernel": lambda device: _probe_matmul_kernel(device, torch.float16),
 }
 
 CAPABILITY_TEXT = {
@@ -178,17 +222,23 @@ CAPABILITY_TEXT = {
     "fp8_matmul": "an fp8 matmul (torch._scaled_mm on float8_e4m3fn, compute capability 8.9+)",
     "gloo": "torch.distributed with gloo (the CPU ranks of the distributed scenarios)",
     "fsdp2": "FSDP2 (fully_shard, MixedPrecisionPolicy, ShardedGradScaler) on gloo CPU ranks",
+    "bf16_rnn": "a bfloat16 LSTM under autocast (on the CPU: oneDNN's RNN kernel)",
+    "fp16_rnn": "a float16 LSTM under autocast (on the CPU: oneDNN's RNN kernel)",
+    "bf16_matmul_kernel": "a CPU matmul kernel computing in bfloat16 instructions (oneDNN)",
+    "fp16_matmul_kernel": "a CPU matmul kernel computing in float16 instructions (oneDNN)",
 }
 
 
 @dataclass(frozen=True)
 class Expected:
-    """A capability this build and hardware should have: from `torch` on, and on CUDA from
-    compute capability `cc`. `source` says why it is expected."""
+    """A capability this build and hardware should have: from `torch` on, on CUDA from compute
+    capability `cc`, on the CPU from oneDNN's kernel level `cpu` (harness.lab.hardware.LEVELS,
+    read back from oneDNN: a class held down counts as that class). `source` says why."""
 
     torch: tuple[int, int] = (2, 4)
     cc: tuple[int, int] | None = None
     source: str = ""
+    cpu: str | None = None
 
 
 # What a capability's absence means, per device type. Not listed: never expected there (TF32 on
@@ -225,7 +275,35 @@ EXPECTED: dict[tuple[str, str], Expected] = {
         "fp8 tensor cores from Ada and Hopper (sm_89, sm_90) on, with "
         "torch._scaled_mm's single-tensor result from torch 2.5",
     ),
+    # The CPU rows that follow the hardware, measured by holding one machine's kernels down
+    # (--amp-cpu-class; docs/hardware.md). float16 RNN and matmul kernels need AVX512-FP16 or
+    # AMX-FP16 in oneDNN; no such CPU was measured, so the table expects them nowhere yet.
+    ("cpu", "bf16_rnn"): Expected(
+        cpu="avx512",
+        source="oneDNN runs a bfloat16 LSTM from AVX-512 on (AVX512_CORE, converting): "
+        "measured on torch 2.13 and 2.14 with oneDNN held to AVX512_CORE, AVX512_CORE_BF16 "
+        "and below (and at AVX512_CORE_BF16 on 2.4 to 2.9); at AVX2 and SSE4.1 it raises "
+        "'could not create a primitive descriptor'",
+    ),
+    ("cpu", "bf16_matmul_kernel"): Expected(
+        cpu="avx512-bf16",
+        source="oneDNN runs a bfloat16 matmul on avx512_core_bf16 instructions (brg_matmul) "
+        "where the CPU has AVX512-BF16: measured on torch 2.13 and 2.14; held to AVX512_CORE "
+        "it converts (gemm:jit:bf16), at AVX2 ATen computes it",
+    ),
 }
+# Why a capability has no row where it has none, when there is more to say than that.
+NOT_EXPECTED = {
+    ("cpu", need): "oneDNN computes float16 there only with AVX512-FP16 or AMX-FP16 (Sapphire "
+    "Rapids on), and no such CPU was measured: the table expects it on no CPU class yet"
+    for need in ("fp16_rnn", "fp16_matmul_kernel")
+}
+# The capabilities whose presence follows the hardware (a row with a compute capability or a
+# CPU level): a test that needs one depends on the hardware, and where two environments'
+# classes differ in it, the hardware explains what differs (harness.records.environments).
+HARDWARE_CAPABILITIES = frozenset(
+    {key for key, row in EXPECTED.items() if row.cc or row.cpu} | set(NOT_EXPECTED)
+)  # (device type, capability)
 
 
 @dataclass(frozen=True)
@@ -236,6 +314,7 @@ class Lack:
     reason: str
     regression: bool = False
     error: str = ""  # the probe's traceback, when it raised
+    why: str = ""  # why it is not expected here, alone (the reason also quotes the probe)
 
     def __str__(self) -> str:
         return self.reason
@@ -260,6 +339,7 @@ class DeviceInfo:
     compute_capability: tuple[int, int] | None
     capabilities: dict[str, Probe] = field(default_factory=dict, hash=False)  # hashable: a key
     figures: GpuFigures | None = None  # a GPU's variant figures (gpus.identify); None on the CPU
+    onednn_level: str = ""  # the CPU kernel level oneDNN runs at (hardware.LEVELS), read back
 
     @property
     def torch_device(self) -> torch.device:
@@ -315,7 +395,7 @@ class DeviceInfo:
         saw = seen.saw if seen else "not probed"
         expected, why_not = self._expectation(need)
         if expected is None:
-            return Lack(need, f"needs {text}: {why_not} ({saw})")
+            return Lack(need, f"needs {text}: {why_not} ({saw})", why=why_not)
         what = "the probe raised" if seen and seen.raised else "the probe says no"
         return Lack(
             need,
@@ -329,7 +409,7 @@ class DeviceInfo:
         """(what EXPECTED says of `need` here, or None with why it is not expected)."""
         expected = EXPECTED.get((self.type, need))
         if expected is None:
-            return None, f"not expected on {self.describe()}"
+            return None, NOT_EXPECTED.get((self.type, need), f"not expected on {self.describe()}")
         if releases.release() < expected.torch:
             release = ".".join(map(str, expected.torch))
             return None, f"not in torch {torch.__version__}, expected from torch {release}"
@@ -343,6 +423,13 @@ class DeviceInfo:
         if expected.cc and (self.compute_capability or (0, 0)) < expected.cc:
             major, minor = expected.cc
             return None, f"{self.name} is older than compute capability {major}.{minor}"
+        if expected.cpu and hardware.level_rank(self.onednn_level) < hardware.level_rank(
+            expected.cpu
+        ):
+            return None, (
+                f"oneDNN runs at {self.onednn_level or 'an unknown level'} on this CPU, below "
+                f"{expected.cpu}"
+            )
         return expected, ""
 
     def datasheet(self) -> Identified | None:
@@ -351,7 +438,8 @@ class DeviceInfo:
 
     def describe(self) -> str:
         if self.type == "cpu":
-            return f"cpu (torch {torch.__version__})"
+            level = f", oneDNN at {self.onednn_level}" if self.onednn_level else ""
+            return f"cpu (torch {torch.__version__}{level})"
         major, minor = self.compute_capability or (0, 0)
         return f"{self.name} (sm_{major}{minor}, torch {torch.__version__})"
 
@@ -379,6 +467,7 @@ def _no_cuda_reason() -> str:
 @functools.cache
 def probe(device_type: str) -> DeviceInfo:
     """Probe one device type once per process."""
+    kernels = hardware.kernels_in_force()  # first: oneDNN's header must come to the read-back
     gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device_type == "cuda":
         props = torch.cuda.get_device_properties(0)
@@ -394,7 +483,7 @@ def probe(device_type: str) -> DeviceInfo:
             "(torch.cuda.is_bf16_supported says no native support)",
         )
     figures = gpu_figures(0) if device_type == "cuda" else None
-    return DeviceInfo(device_type, name, gpu_count, cc, caps, figures)
+    return DeviceInfo(device_type, name, gpu_count, cc, caps, figures, kernels["onednn_level"])
 
 
 def native_bf16() -> bool:
@@ -424,26 +513,15 @@ def gpu_figures(index: int) -> GpuFigures:
 
 def _nvml_max_power_w(uuid: str) -> float | None:
     """The highest power limit the board allows, in W (nvmlDeviceGetPowerManagementLimit-
-    Constraints): an SXM H200 allows 700, an H200 NVL 600. Read through the driver's own
-    libnvidia-ml with ctypes, so no Python package is needed; None wherever it cannot be read."""
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return None
-    if nvml.nvmlInit_v2() != 0:
-        return None
-    try:
-        handle = ctypes.c_void_p()
-        name = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"  # NVML's form of the UUID
-        if nvml.nvmlDeviceGetHandleByUUID(name.encode(), ctypes.byref(handle)) != 0:
+    Constraints): an SXM H200 allows 700, an H200 NVL 600; None wherever it cannot be read."""
+    with hardware.nvml_device(uuid) as (nvml, handle):
+        if handle is None:
             return None
         low, high = ctypes.c_uint(), ctypes.c_uint()
         found = nvml.nvmlDeviceGetPowerManagementLimitConstraints(
             handle, ctypes.byref(low), ctypes.byref(high)
         )
         return high.value / 1000 if found == 0 and high.value else None  # milliwatts
-    finally:
-        nvml.nvmlShutdown()
 
 
 def resolve(choice: str, option: str = "--amp-device") -> DeviceInfo:

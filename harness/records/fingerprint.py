@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 import harness
+from harness.lab import hardware
 from harness.lab.devices import DeviceInfo
 from harness.lab.tf32 import tf32_flags
 
@@ -81,7 +82,9 @@ def precision_flags() -> dict[str, str]:
 
 
 def collect(device: DeviceInfo, root: Path) -> dict[str, str]:
-    """Flat string facts, logged as `env.<key>` tags."""
+    """Flat string facts, logged as `env.<key>` tags: the software, the hardware that decides
+    behaviour (harness.lab.hardware: the CPU and the kernel levels in force, the GPU), the
+    hardware class, and what each capability probe saw (`capability.<name>`: yes or no)."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     nccl = ""
     if device.type == "cuda" and torch.distributed.is_available():
@@ -107,6 +110,16 @@ def collect(device: DeviceInfo, root: Path) -> dict[str, str]:
         "harness": harness.__version__,
         "git_commit": _git_commit(root),
     }
+    facts.update(hardware.cpu_facts())
+    if device.type == "cuda":
+        facts.update(hardware.gpu_facts())
+        facts["hardware_class"] = hardware.gpu_class(device.name, facts)
+    else:
+        facts["hardware_class"] = facts["cpu.class"]
+    facts.update(
+        {f"capability.{need}": "yes" if seen.works else "no" for need, seen in
+         device.capabilities.items()}
+    )  # fmt: skip
     facts.update({f"tf32.{k}": str(v) for k, v in tf32_flags().items()})
     facts.update(precision_flags())
     return {k: str(v) or "n/a" for k, v in facts.items()}  # plain str: TorchVersion is not

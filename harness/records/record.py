@@ -21,7 +21,7 @@ from pathlib import Path
 from harness.catalogue.claims import check_verdict
 from harness.common import shown
 from harness.common.errors import HarnessError
-from harness.records import shapes
+from harness.records import environments, shapes
 
 # MLflow's rule for metric, param and tag keys (mlflow/utils/validation.py in MLflow 3.17:
 # validate_param_and_metric_name, path_not_unique, MAX_ENTITY_KEY_LENGTH), copied so that recording
@@ -91,6 +91,24 @@ class Record:
 
     def key_metrics(self) -> dict[str, float]:
         return key_metrics(self.params, self.metrics)
+
+    def depends_on_hardware(self, *capabilities: str) -> None:
+        """Capabilities (harness.lab.devices.CAPABILITY_TEXT) whose presence follows the hardware
+        and decides this test's verdicts, or `class` for the hardware class as a whole (a
+        timing test). Where two environments' classes differ in one of them, `compare` and the
+        report attribute a difference of this test to the hardware. Named in the param
+        `depends_on_hardware`; the plugin adds the test's `requires` that follow the hardware."""
+        from harness.lab.devices import CAPABILITY_TEXT  # torch: loaded in any scenario test
+
+        unknown = [c for c in capabilities if c not in CAPABILITY_TEXT and c != environments.CLASS]
+        if unknown:
+            raise HarnessError(
+                f"{self.test}: depends_on_hardware({', '.join(map(repr, unknown))}): not a "
+                f"capability; known are {', '.join(sorted(CAPABILITY_TEXT))}, and "
+                f"{environments.CLASS!r} for the hardware class as a whole"
+            )
+        named = environments.depends_on(self.params.get(DEPENDS_ON_HARDWARE, ""))
+        self.params[DEPENDS_ON_HARDWARE] = ",".join(sorted(named | set(capabilities)))
 
     def history(self, prefix: str = "", **series) -> None:
         """Per-step arrays (loss=[...], scale=[...]); sent to MLflow in one batch per test."""
@@ -206,6 +224,7 @@ _VERDICT_FIELDS = {"claim": "text", "verdict": "text", "evidence": "text"}
 
 
 KEY_METRICS = "key_metrics"  # the param that names a test's key metrics, comma-separated
+DEPENDS_ON_HARDWARE = "depends_on_hardware"  # the param naming Record.depends_on_hardware's
 
 
 def key_metrics(params: dict[str, str], metrics: dict[str, float]) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """The autocast atlas read back: op x (environment, dtype), from the records of
 scenarios/test_autocast_atlas.py (its `op/<name>` metrics, autocast_docs.CODES, and its params
-`autocast_dtype` and `mismatched_ops`), each cell marked where the measurement and the documented
-list of that environment's torch release disagree.
+`autocast_dtype` and `mismatched_ops`; its `holds/<op>` key metrics are for `compare`), each cell
+marked where the measurement and the documented list of that environment's torch release
+disagree.
 
 The report builds a column from each environment's latest atlas run (MLflow); `amp-harness
 baseline changes` lists, per hardware and dtype, the ops whose measured behaviour or documented
@@ -17,6 +18,7 @@ from harness.lab import autocast_docs
 
 ATLAS_MODULE = "test_autocast_atlas.py::"
 PREFIX = "op/"
+HOLDS = "holds/"  # its key metrics, one per op: 1 where the op held to its documented list
 
 
 @dataclass
@@ -46,6 +48,16 @@ class Table:
 
 def is_atlas_test(test: str) -> bool:
     return ATLAS_MODULE in test
+
+
+def per_claim(test: str, key_metrics: dict[str, float]) -> dict[str, float]:
+    """A test's key metrics as the ledger and the changes page hold them against each of its
+    claims: an atlas test's per-op ones are left to the atlas table, which shows each op with
+    its documented list (five claims' rows each listing the same ops would say less). `compare`
+    keeps them: a gate names the op that stopped holding even where the verdict stays partly."""
+    if not is_atlas_test(test):
+        return key_metrics
+    return {name: value for name, value in key_metrics.items() if not name.startswith(HOLDS)}
 
 
 def behaviours(metrics: dict[str, float]) -> dict[str, str]:

@@ -23,6 +23,7 @@ from harness.common.errors import HarnessError
 from harness.records import environments, shapes
 from harness.records.journal import Journal, Session
 from harness.records.journal_index import Indexed
+from harness.records.record import DEPENDS_ON_HARDWARE
 
 FORMAT = 2  # 2: verdicts carry their test's outcome (`stands`); sessions say what they lack
 
@@ -83,6 +84,11 @@ def summarize(journal: Journal, session_id: str | None = None, ending: dict | No
                 "claims": r.claims,
                 "metrics": r.to_dict()["metrics"],  # inf/NaN as text
                 "key_metrics": list(r.key_metrics()),  # Record.key_metric: compared to 4 digits
+                # Record.depends_on_hardware: what a difference across hardware classes may
+                # be attributed to
+                "depends_on_hardware": sorted(
+                    environments.depends_on(r.params.get(DEPENDS_ON_HARDWARE))
+                ),
             }
             for r in session.records
         },
@@ -104,14 +110,22 @@ def lacks(session: Session) -> list[str]:
 
 
 def filename(fingerprint: dict[str, str]) -> str:
-    """GPU (or CPU), torch and CUDA versions: what a baseline's numbers depend on most. A fact
-    the fingerprint lacks (from another version) reads n/a."""
+    """Hardware class, torch and CUDA versions: what a baseline's numbers depend on most
+    (`cpu-x86-64-avx2_torch-2.13.0+cpu.json`, `NVIDIA-H200_torch-2.11.0_cuda-13.0.json`). A
+    fact the fingerprint lacks (from another version) reads n/a."""
     fact = functools.partial(environments.fact, fingerprint)
+    parts = [environments.hardware_class(fingerprint), f"torch-{fact('torch')}"]
     if fact("device") == "cuda":
-        parts = [fact("gpu_name"), f"torch-{fact('torch')}", f"cuda-{fact('cuda')}"]
-    else:
-        parts = [f"cpu-{fact('cpu')}", f"torch-{fact('torch')}"]
+        parts.append(f"cuda-{fact('cuda')}")
     return "_".join(re.sub(r"[^A-Za-z0-9.+-]+", "-", p).strip("-") for p in parts) + ".json"
+
+
+def legacy_filename(fingerprint: dict[str, str]) -> str:
+    """The name a harness before hardware classes gave this environment's baseline
+    (`cpu-x86-64_torch-2.13.0+cpu.json`): never picked as this environment's, since it does not
+    say which CPU class it was measured on, but worth naming where one lies."""
+    legacy = {k: v for k, v in fingerprint.items() if k != "hardware_class"}
+    return filename(legacy)
 
 
 def save(summary: dict, folder: Path, partial: bool = False, force: bool = False) -> Path:

@@ -11,22 +11,32 @@ the same shape. Metric keys that differ only in a `seed<N>`, `round<N>` or `rank
 (`mlp/amp-fp16/seed0/val_accuracy`, `.../seed1/...`) are repetitions of one quantity, and the two
 sample sets are compared with Welch's t-test. A metric recorded once per run has no spread to judge
 a change against: its change is listed, never flagged.
+
+Every change says why it may have happened: the causes that differ between the two runs'
+environments (harness.records.environments.causes), and whether the hardware explains it. A
+verdict, a lost decision or a key metric is explained by the hardware only where the classes
+differ in a capability its tests depend on (Record.depends_on_hardware), or the test depends on
+the class as a whole (timing); a statistical metric wherever the classes differ, since the kernels
+of another instruction set round differently. An explained change is shown, never a regression:
+an AVX2 runner's missing bf16 LSTM is no torch regression.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 import statistics
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.catalogue import verdicts
 from harness.common import shown
 from harness.common.errors import HarnessError
-from harness.records import shapes
+from harness.records import environments, shapes
 from harness.records.journal import Journal
 from harness.records.record import _jsonable
 from harness.reports import baseline, differences
@@ -34,6 +44,8 @@ from harness.reports import baseline, differences
 ALPHA = 0.05
 THRESHOLD = 0.10  # relative: 10% of the first run's mean
 _REPETITION = re.compile(r"^(seed|round|rank)\d+$")
+NOTHING_DIFFERS = "nothing in the environment differs: the harness or noise"
+EXPLAINED = "explained by the hardware"
 
 
 class MissingBaseline(HarnessError):
@@ -49,15 +61,70 @@ class MissingBaseline(HarnessError):
 
 
 @dataclass(frozen=True)
-class VerdictChange:
+class Attribution:
+    """Why a change may have happened: whether the hardware explains it, and why, in words."""
+
+    explained: bool  # by the hardware: shown, never a regression
+    why: str
+
+
+def attribute(
+    a: Mapping[str, str], b: Mapping[str, str], depends: set[str], statistical: bool = False
+) -> Attribution:
+    """A change between environments `a` and `b` of a test that depends on `depends`
+    (Record.depends_on_hardware). `statistical`: a metric judged over repetitions, which moves
+    with the kernels of any other class, whatever the test depends on."""
+    reason = environments.hardware_explains(a, b, {environments.CLASS} if statistical else depends)
+    if reason and statistical:
+        reason += ": the kernels of another instruction set round differently"
+    if reason:
+        return Attribution(True, f"{EXPLAINED}: {reason}")
+    return Attribution(False, _unexplained(a, b, depends))
+
+
+def _unexplained(a: Mapping[str, str], b: Mapping[str, str], depends: set[str]) -> str:
+    """What differs between the environments, for a change the hardware does not explain."""
+    parts = []
+    for cause, what in environments.causes(a, b).items():
+        part = f"{cause} ({'; '.join(what)})"
+        if cause == environments.HARDWARE:
+            part += (
+                f", but not what the test depends on ({', '.join(sorted(depends))})"
+                if depends
+                else ", and the test depends on no capability of it"
+            )
+        parts.append(part)
+    text = f"not {EXPLAINED}; differs: {'; '.join(parts)}" if parts else NOTHING_DIFFERS
+    commits = environments.fact(a, "git_commit"), environments.fact(b, "git_commit")
+    if commits[0] != commits[1]:  # the harness and the scenarios changed with it
+        text += f"; the commit changed ({commits[0]} -> {commits[1]})"
+    return text
+
+
+class _Attributed:
+    """A change that carries its attribution: `describe()` ends with it, so that every line
+    printed of a change (`regressions`, the plugin's end of session) says why."""
+
+    attribution: Attribution
+
+    def what(self) -> str:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.what()} -- {self.attribution.why}"
+
+
+@dataclass(frozen=True)
+class VerdictChange(_Attributed):
     claim: str
     test: str
     before: str
     after: str
     evidence_before: str
     evidence_after: str
+    attribution: Attribution
 
-    def describe(self) -> str:
+    def what(self) -> str:
         return (
             f"{self.claim} ({self.test}): verdict {self.before} -> {self.after}: "
             f"{self.evidence_after}"
@@ -65,7 +132,7 @@ class VerdictChange:
 
 
 @dataclass(frozen=True)
-class MetricChange:
+class MetricChange(_Attributed):
     test: str
     claims: tuple[str, ...]  # the claims the test decides: a change is reported against them
     metric: str  # repetitions collapsed: `mlp/amp-fp16/seed*/val_accuracy`
@@ -74,9 +141,10 @@ class MetricChange:
     relative: float  # (mean after - mean before) / |mean before|
     p_value: float | None  # Welch's t-test; None when it cannot be computed, `note` says why
     flagged: bool
+    attribution: Attribution
     note: str = ""
 
-    def describe(self) -> str:
+    def what(self) -> str:
         why = (
             f"Welch p={self.p_value:.2g}, n={len(self.before)} vs {len(self.after)}"
             if self.p_value is not None
@@ -90,15 +158,16 @@ class MetricChange:
 
 
 @dataclass(frozen=True)
-class LostDecision:
+class LostDecision(_Attributed):
     """A claim decided in the first run, and not decided in the second."""
 
     claim: str
     before: str  # the first run's verdict on the claim, across its tests
     after: str  # the second's: "skipped", "failed", "capability regression" or "missing"
     evidence: str
+    attribution: Attribution
 
-    def describe(self) -> str:
+    def what(self) -> str:
         return f"{self.claim}: decided ({self.before}) before, {self.after} now: {self.evidence}"
 
 
@@ -117,6 +186,9 @@ class Comparison:
     lost: list[LostDecision]  # claims decided in A, not in B
     not_compared: list[str]  # claims decided in A that B, a part of the suite, did not run
     b_lacks: list[str]  # what B says it lacks (a partial run)
+    classes: tuple[str, str]  # the runs' hardware classes (harness.records.environments)
+    causes: dict[str, list[str]]  # environments.causes: what differs, per cause
+    legacy: tuple[str, ...] = ()  # "A", "B": a fingerprint from before hardware classes
 
     @property
     def overlapped(self) -> bool:
@@ -124,13 +196,26 @@ class Comparison:
         return self.compared["verdicts"] > 0
 
     @property
+    def across_hardware(self) -> bool:
+        return self.classes[0] != self.classes[1]
+
+    def _counted(self) -> list[VerdictChange | LostDecision | MetricChange]:
+        """The changes that would be regressions: changed verdicts, lost decisions, flagged
+        metrics."""
+        return [*self.verdicts, *self.lost, *(m for m in self.metrics if m.flagged)]
+
+    @property
     def regressions(self) -> list[str]:
-        """What --fail-on-regression fails on: every changed verdict and every flagged metric.
+        """What --fail-on-regression fails on: every changed verdict, lost decision and flagged
+        metric the hardware does not explain.
 
         A change either way counts: the harness predicts behaviour, it does not rank it."""
-        flagged = [m.describe() for m in self.metrics if m.flagged]
-        lost = [d.describe() for d in self.lost]
-        return [v.describe() for v in self.verdicts] + lost + flagged
+        return [c.describe() for c in self._counted() if not c.attribution.explained]
+
+    @property
+    def explained(self) -> list[str]:
+        """The changes the hardware explains: shown, never failing."""
+        return [c.describe() for c in self._counted() if c.attribution.explained]
 
     @property
     def fails_the_gate(self) -> bool:
@@ -138,14 +223,39 @@ class Comparison:
         gate that compared no verdict has checked nothing, and must not pass)."""
         return bool(self.regressions) or not self.overlapped
 
+    def hardware_notes(self) -> list[str]:
+        """What a reader must know first about the hardware of the two runs, in words."""
+        notes = []
+        if self.across_hardware:
+            notes.append(
+                f"across hardware classes: {self.classes[0]} (A) vs {self.classes[1]} (B): a "
+                f"change the hardware explains is shown, never a regression"
+            )
+        if self.legacy:
+            sides = zip("AB", self.classes, strict=True)
+            names = " and ".join(f"{side}'s {cls}" for side, cls in sides if side in self.legacy)
+            notes.append(
+                f"hardware class only a name: {names} (a fingerprint from before hardware "
+                "classes: its CPU's instruction sets were not recorded); classes count as "
+                "different only where the names differ"
+            )
+        return notes
+
     def summary_line(self) -> str:
         """One line: how much was compared and what came of it."""
         counts = f"{self.compared['verdicts']} verdicts, {self.compared['metrics']} metrics"
         if not self.overlapped:
             return f"no verdict of one run is in the other: nothing compared ({counts})"
-        if self.regressions:
-            return f"regressions: {len(self.regressions)} ({counts} compared)"
-        return f"no verdict changed, no decision lost, no metric flagged ({counts} compared)"
+        if not self.regressions and not self.explained:
+            return f"no verdict changed, no decision lost, no metric flagged ({counts} compared)"
+        explained = ""
+        if self.explained:
+            count = len(self.explained)
+            explained = (
+                f"; {count} difference{'s' if count != 1 else ''} {EXPLAINED} "
+                f"({self.classes[0]} vs {self.classes[1]})"
+            )
+        return f"regressions: {len(self.regressions)}{explained} ({counts} compared)"
 
     def to_json(self) -> dict:
         return {
@@ -153,9 +263,15 @@ class Comparison:
             "b": self.b,
             "threshold": self.threshold,
             "alpha": self.alpha,
+            "hardware_classes": list(self.classes),
+            "across_hardware": self.across_hardware,
+            "legacy_fingerprints": list(self.legacy),
+            "hardware_notes": self.hardware_notes(),
             "environment": {k: list(v) for k, v in self.environment.items()},
+            "causes": self.causes,
             "compared": self.compared,
             "regressions": self.regressions,
+            "explained": self.explained,
             "verdict_changes": [asdict(v) for v in self.verdicts],
             "metric_changes": [
                 {
@@ -185,9 +301,23 @@ def compare(
 ) -> Comparison:
     """Compare run `b` with run `a` (both summaries, as harness.reports.baseline.summarize
     makes)."""
+    facts_a, facts_b = a.get("fingerprint", {}), b.get("fingerprint", {})
+
+    @functools.cache  # a suite's tests share a few sets of dependencies
+    def attributed(depends: frozenset[str], statistical: bool = False) -> Attribution:
+        return attribute(facts_a, facts_b, set(depends), statistical)
+
     verdicts_a, verdicts_b = _verdicts(a), _verdicts(b)
     verdicts = [
-        VerdictChange(claim, test, va["verdict"], vb["verdict"], va["evidence"], vb["evidence"])
+        VerdictChange(
+            claim,
+            test,
+            va["verdict"],
+            vb["verdict"],
+            va["evidence"],
+            vb["evidence"],
+            attributed(_depends(test, a, b)),
+        )
         for (test, claim), va in verdicts_a.items()
         if (vb := verdicts_b.get((test, claim))) and vb["verdict"] != va["verdict"]
     ]
@@ -211,20 +341,22 @@ def compare(
             continue
         before, after = _quantities(entry["metrics"]), _quantities(b["tests"][test]["metrics"])
         key = {*entry.get("key_metrics", []), *b["tests"][test].get("key_metrics", [])}
+        why = functools.partial(attributed, _depends(test, a, b))
         only_a += [f"{test} :: metric {q}" for q in before if q not in after]
         only_b += [f"{test} :: metric {q}" for q in after if q not in before]
         for quantity in before.keys() & after.keys():
             compared += 1
             change = _metric_change(
                 test, claims_of.get(test, ()), quantity, before[quantity], after[quantity],
-                threshold, alpha, quantity in key,
+                threshold, alpha, why, quantity in key,
             )  # fmt: skip
             if change:
                 metrics.append(change)
     only_b += [test for test in b["tests"] if test not in a["tests"]]
     metrics.sort(key=lambda m: (not m.flagged, -_size(m.relative), m.test, m.metric))
-    lost, not_compared = _lost_decisions(a, b, {v.claim for v in verdicts})
-    facts_a, facts_b = a.get("fingerprint", {}), b.get("fingerprint", {})
+    lost, not_compared = _lost_decisions(
+        a, b, {v.claim for v in verdicts}, lambda claim: attributed(_claim_depends(claim, a, b))
+    )
     a_label, b_label = labels or (a.get("name", "A"), b.get("name", "B"))
     return Comparison(
         a=a_label,
@@ -244,7 +376,28 @@ def compare(
         lost=lost,
         not_compared=not_compared,
         b_lacks=list(b.get("lacks", [])),
+        classes=(environments.hardware_class(facts_a), environments.hardware_class(facts_b)),
+        causes=environments.causes(facts_a, facts_b),
+        legacy=tuple(
+            side
+            for side, facts in zip("AB", (facts_a, facts_b), strict=True)
+            if environments.is_legacy(facts)
+        ),
     )
+
+
+def _depends(test: str, *runs: dict) -> frozenset[str]:
+    """A test's hardware dependencies (Record.depends_on_hardware) as either run recorded them;
+    a baseline from before them has none."""
+    recorded = [run["tests"].get(test, {}).get("depends_on_hardware") for run in runs]
+    return frozenset().union(*map(environments.depends_on, recorded))
+
+
+def _claim_depends(claim: str, *runs: dict) -> frozenset[str]:
+    """The hardware dependencies of every test of `claim` in either run."""
+    tests = {v["test"] for run in runs for v in run["verdicts"] if v["claim"] == claim}
+    tests |= {t for run in runs for t, e in run["tests"].items() if claim in e.get("claims", [])}
+    return frozenset().union(*(_depends(test, *runs) for test in tests))
 
 
 def _verdicts(summary: dict) -> dict[tuple[str, str], dict]:
@@ -260,9 +413,12 @@ def claim_verdicts(summary: dict) -> dict[str, verdicts.ClaimVerdict]:
     return {claim: verdicts.aggregate(found) for claim, found in grouped.items()}
 
 
-def _lost_decisions(a: dict, b: dict, changed: set[str]) -> tuple[list[LostDecision], list[str]]:
+def _lost_decisions(
+    a: dict, b: dict, changed: set[str], attributed: Callable[[str], Attribution]
+) -> tuple[list[LostDecision], list[str]]:
     """Claims that stand in `a` and not in `b` (those a changed verdict of a test in both runs
-    already reports are left to it), and the claims a partial `b` did not run at all."""
+    already reports are left to it), each attributed (`attributed(claim)`), and the claims a
+    partial `b` did not run at all."""
     claims_a, claims_b = claim_verdicts(a), claim_verdicts(b)
     lost, not_compared = [], []
     for claim, before in claims_a.items():
@@ -272,9 +428,13 @@ def _lost_decisions(a: dict, b: dict, changed: set[str]) -> tuple[list[LostDecis
         if after is None and b.get("lacks"):
             not_compared.append(claim)
         elif after is None:
-            lost.append(LostDecision(claim, before.label, "missing", "no test of it ran"))
+            lost.append(
+                LostDecision(claim, before.label, "missing", "no test of it ran", attributed(claim))
+            )
         else:
-            lost.append(LostDecision(claim, before.label, after.label, after.evidence))
+            lost.append(
+                LostDecision(claim, before.label, after.label, after.evidence, attributed(claim))
+            )
     return lost, not_compared
 
 
@@ -296,8 +456,10 @@ def _metric_change(
     after: dict[str, float | str],
     threshold: float,
     alpha: float,
+    why: Callable[[bool], Attribution],
     key: bool = False,
 ) -> MetricChange | None:
+    """The change of one quantity, if it moved; `why(statistical)` attributes it."""
     if before == after:  # the raw values: inf and NaN are spelled as text, so NaN == NaN here
         return None
     xs, ys = [float(v) for v in before.values()], [float(v) for v in after.values()]
@@ -307,7 +469,7 @@ def _metric_change(
         moved = [differences.value(x) for x in xs] != [differences.value(y) for y in ys]
         note = "key metric" + (": the behaviour changed" if moved else ", the same to 4 digits")
         return MetricChange(
-            test, claims, quantity, tuple(xs), tuple(ys), relative, None, moved, note
+            test, claims, quantity, tuple(xs), tuple(ys), relative, None, moved, why(False), note
         )
     if max(len(xs), len(ys)) == 1:
         note = "no repetitions"
@@ -319,7 +481,7 @@ def _metric_change(
         p_value = _welch(xs, ys)
     flagged = p_value is not None and p_value < alpha and _size(relative) > threshold
     return MetricChange(
-        test, claims, quantity, tuple(xs), tuple(ys), relative, p_value, flagged, note
+        test, claims, quantity, tuple(xs), tuple(ys), relative, p_value, flagged, why(True), note
     )
 
 
@@ -448,21 +610,30 @@ def render(comparison: Comparison, console) -> None:
     from rich.table import Table
 
     c = comparison
+    for note in c.hardware_notes():  # first: it changes how every row below reads
+        console.print(shown.text(note, "bold yellow"))
     console.print(shown.text(f"A: {c.a}\nB: {c.b}"))
     if c.environment:
         changed = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in c.environment.items())
         console.print(shown.text(f"environment: {changed}"))
     if c.verdicts:
+        explained = sum(v.attribution.explained for v in c.verdicts)
         table = Table(
-            title=f"verdicts changed: {len(c.verdicts)}", title_style="bold red", expand=True
+            title=f"verdicts changed: {len(c.verdicts)}"
+            + (f" ({explained} {EXPLAINED})" if explained else ""),
+            title_style="bold red" if explained < len(c.verdicts) else "bold yellow",
+            expand=True,
         )
         table.add_column("claim", no_wrap=True)
         table.add_column("test", max_width=40, overflow="fold")
         table.add_column("A -> B", max_width=24, overflow="fold")
-        table.add_column("evidence", ratio=1, overflow="fold")  # the evidence gets the room
+        # The evidence gets the room, and under it why the verdict may have changed.
+        table.add_column("evidence, and why", ratio=1, overflow="fold")
         for v in c.verdicts:
-            evidence = shown.text(f"B: {v.evidence_after}\n") + shown.text(
-                f"A: {v.evidence_before}", "dim"
+            evidence = (
+                shown.text(f"B: {v.evidence_after}\n")
+                + shown.text(f"A: {v.evidence_before}\n", "dim")
+                + _why_cell(v.attribution)
             )
             table.add_row(
                 shown.text(v.claim),
@@ -485,18 +656,21 @@ def render(comparison: Comparison, console) -> None:
         table.add_column("change", no_wrap=True)
         table.add_column("p", max_width=14, overflow="fold")
         for m in c.metrics:
+            metric = shown.text(f"{m.metric}\n") + shown.text(_short(m.test), "dim")
+            if m.flagged:
+                metric += shown.text("\n") + _why_cell(m.attribution)
             table.add_row(
-                shown.text("FLAGGED" if m.flagged else ""),
+                shown.text(_flag(m)),
                 shown.text(", ".join(m.claims)),
-                shown.text(f"{m.metric}\n") + shown.text(_short(m.test), "dim"),
+                metric,
                 _change_cell(m),
                 shown.text(_percent(m.relative)),
                 shown.text(f"{m.p_value:.2g}" if m.p_value is not None else m.note),
-                style="bold red" if m.flagged else None,
+                style=_style(m.attribution) if m.flagged else None,
             )
         console.print(table)
     for lost in c.lost:
-        console.print(shown.text(f"decision lost: {lost.describe()}", "bold red"))
+        console.print(shown.text(f"decision lost: {lost.describe()}", _style(lost.attribution)))
     if c.not_compared:
         console.print(
             shown.text(
@@ -509,6 +683,20 @@ def render(comparison: Comparison, console) -> None:
             console.print(shown.text(f"only in {side}: {', '.join(missing[:5])}{more}"))
     style = "bold red" if c.regressions else "green" if c.overlapped else "yellow"
     console.print(shown.text(c.summary_line(), style))
+
+
+def _style(attribution: Attribution) -> str:
+    return "yellow" if attribution.explained else "bold red"
+
+
+def _why_cell(attribution: Attribution):
+    return shown.text(f"why: {attribution.why}", "yellow" if attribution.explained else "bold")
+
+
+def _flag(m: MetricChange) -> str:
+    if not m.flagged:
+        return ""
+    return "explained" if m.attribution.explained else "FLAGGED"
 
 
 def _change_cell(m: MetricChange):

@@ -13,6 +13,11 @@ builds it).
 An environment (a ledger column) is what changes behaviour: the `env.*` facts but the commit,
 the harness version and the kernel's release (harness.records.environments.identity). Those are
 shown with each entry instead, so that editing a file (a `-dirty` commit) does not split the ledger.
+Nor do the facts that only describe the machine (its CPU model, core count, GPU memory, clocks):
+the header of a column shows them, with the facts that decide its kernels. The columns are grouped
+by hardware class (`cpu-x86-64-avx2`, `NVIDIA-H200`), named above them; where a claim differs
+between two classes in a capability its tests depend on (a test run's `depends_on_hardware`
+param), its cells are marked as differing with the hardware, and the differences say why.
 
 What a column shows: per test, its latest run from the environment's sessions since its latest
 complete session (all its sessions where none is complete), with the session it came from and
@@ -100,6 +105,25 @@ COLOURS = {
 
 Comparison = str | Sequence[Mapping[str, object]] | None
 
+# The facts a column's header shows where its sessions recorded them (harness.lab.hardware):
+# what decides the kernels (instruction sets, oneDNN's in force, what held it there, the
+# libraries) and what describes the machine.
+MACHINE_FACTS = {
+    "cpu.model": "CPU",
+    "cpu.instructions": "instructions",
+    "cpu.onednn_isa": "oneDNN ISA",
+    "cpu.held_by": "held by",
+    "onednn": "oneDNN",
+    "mkl": "MKL",
+    "gpu.memory_gib": "GPU GiB",
+    "gpu.mig": "MIG",
+    "gpu.max_sm_clock_mhz": "max SM MHz",
+    "gpu.max_memory_clock_mhz": "max memory MHz",
+    "cublas": "cuBLAS",
+    "cublaslt": "cuBLASLt",
+}
+HARDWARE_NOTE = "differs with the hardware"
+
 
 @dataclass
 class Session:
@@ -111,6 +135,7 @@ class Session:
     commit: str  # the git commit it ran ("-dirty": with uncommitted edits)
     incomplete: str  # why it is incomplete, with its test count; "" if complete
     runs: list = field(default_factory=list, repr=False)  # the MLflow runs of its tests
+    facts: dict[str, str] = field(default_factory=dict, repr=False)  # all its env.* facts
     shown: int = 0  # how many of the column's tests come from it
     age: str = ""  # "3 h ago", when the report was built
 
@@ -152,6 +177,27 @@ class Environment:
     sessions: list[Session]  # since its latest complete session, newest first
     tests: list = field(default_factory=list)  # the MLflow run shown for each test
     session_of: dict[str, Session] = field(default_factory=dict)  # run id -> its session
+
+    @property
+    def hardware_class(self) -> str:
+        return envs.hardware_class(self.facts)
+
+    @property
+    def legacy(self) -> bool:
+        """Its class is only a name: recorded before hardware classes."""
+        return envs.is_legacy(self.facts)
+
+    @property
+    def machine(self) -> list[tuple[str, str]]:
+        """(what, value) of each MACHINE_FACTS fact its sessions recorded; the values of all
+        its sessions where runners of one class differ (another CPU model)."""
+        found = []
+        for name, what in MACHINE_FACTS.items():
+            values = dict.fromkeys(envs.fact(s.facts, name) for s in self.sessions)
+            values.pop("n/a", None)
+            if values:
+                found.append((what, " / ".join(values)))
+        return found
 
 
 @dataclass
@@ -216,6 +262,8 @@ def build(
             "ui": ui,
             "harness_version": harness.__version__,
             "environments": environments,
+            "classes": _classes(environments),
+            "hardware_note": HARDWARE_NOTE,
             "counts": counts,
             "ledger": ledger,
             "differences": differ,
@@ -361,10 +409,10 @@ def _environments(runs: list, link, now: float) -> list[Environment]:
         _column(dict(identity), envs.label(dict(identity)), group)
         for identity, group in by_env.items()
     ]
-    # By hardware, then torch release as numbers (2.4 before 2.13), then the rest of the facts.
+    # By hardware class, then torch release as numbers (2.4 before 2.13), then the rest.
     columns.sort(
         key=lambda env: (
-            envs.hardware(env.facts),
+            env.hardware_class,
             version_key(env.facts.get("torch", "")),
             env.label,
             sorted(env.facts.items()),
@@ -405,6 +453,7 @@ def _sessions(runs: list, link) -> list[tuple[dict[str, str], Session]]:
                 commit=s["env"].get("git_commit", "unknown"),
                 incomplete=_incomplete(s["parent"], s["tests"]),
                 runs=s["tests"],
+                facts=s["env"],
             ),
         )
         for sid, s in found.items()
@@ -557,15 +606,39 @@ def _columns_compared(
                 torch=env.facts.get("torch", "0.0"),
                 verdicts={c: cell.verdict.label for c, cell in cells.items() if _stands(cell)},
                 tests={
-                    run.data.tags.get("amp.test", run.info.run_name): (
+                    _test(run): (
                         run.data.tags.get("claims", "").split(","),
-                        record.key_metrics(run.data.params, run.data.metrics),
+                        atlas.per_claim(
+                            _test(run), record.key_metrics(run.data.params, run.data.metrics)
+                        ),
                     )
+                    for run in env.tests
+                },
+                facts=env.facts,
+                depends_on={
+                    _test(run): envs.depends_on(run.data.params.get(record.DEPENDS_ON_HARDWARE))
                     for run in env.tests
                 },
             )
         )
     return columns
+
+
+def _test(run) -> str:
+    return run.data.tags.get("amp.test", run.info.run_name)
+
+
+def _classes(environments: list[Environment]) -> list[tuple[str, int, bool]]:
+    """The ledger's hardware classes, in column order: (class, how many columns, whether it is
+    only a name)."""
+    found: list[tuple[str, int, bool]] = []
+    for env in environments:  # sorted by class (_environments)
+        if found and found[-1][0] == env.hardware_class:
+            name, count, legacy = found[-1]
+            found[-1] = (name, count + 1, legacy or env.legacy)
+        else:
+            found.append((env.hardware_class, 1, env.legacy))
+    return found
 
 
 def _stands(cell: Cell) -> bool:
@@ -708,7 +781,8 @@ def _markdown(context: dict) -> str:
         "",
     ]
     for env in environments:
-        lines.append(f"- **{_md(env.label)}**: {_plural(len(env.tests), 'test')}")
+        tests = _plural(len(env.tests), "test")
+        lines.append(f"- **{_md(env.label)}**: {tests}; {_md(_machine_line(env))}")
         lines += [
             f"  - session of {s.when} (commit {_md(s.commit)}): {_plural(s.shown, 'test')}"
             + (f"; incomplete: {_md(s.incomplete)}" if s.incomplete else "")
@@ -717,9 +791,17 @@ def _markdown(context: dict) -> str:
     if not environments:
         lines.append("No harness runs in this experiment yet.")
     lines += ["", "## Verdict ledger", ""]
+    if environments:
+        grouped = "; ".join(
+            f"{name} ({_plural(span, 'column')}{', a name only' if legacy else ''})"
+            for name, span, legacy in context["classes"]
+        )
+        lines += [f"Columns by hardware class: {_md(grouped)}.", ""]
     lines.append("| claim | " + " | ".join(_md(env.label) for env in environments) + " |")
     lines.append("|---" * (len(environments) + 1) + "|")
     for claim, cells in context["ledger"]:
+        difference = context["differences"].get(claim.id)
+        marked = difference.hardware_columns if difference else []
         row = [
             "<br>".join(
                 ([f"**{_md(cell.verdict.label)}**"] if len(cell.entries) > 1 else [])
@@ -731,6 +813,10 @@ def _markdown(context: dict) -> str:
             )
             or "not run"
             for cell in cells
+        ]
+        row = [
+            f"{text}<br>*{HARDWARE_NOTE}*" if env.label in marked else text
+            for env, text in zip(environments, row, strict=True)
         ]
         lines.append(f"| {claim.id} | " + " | ".join(row) + " |")
     lines += ["", "## Differences between environments", ""]
@@ -778,6 +864,13 @@ def _markdown(context: dict) -> str:
         lines += ["", "## Figures", ""]
         lines += [f"- [{_md(f.test or f.name)}: {f.name}]({f.file})" for f in figures]
     return "\n".join(lines) + "\n"
+
+
+def _machine_line(env: Environment) -> str:
+    """The column's class and the facts of its machine, in one line."""
+    legacy = " (only a name: recorded before hardware classes)" if env.legacy else ""
+    facts = "".join(f"; {what}: {value}" for what, value in env.machine)
+    return f"class {env.hardware_class}{legacy}{facts}"
 
 
 def _columns(comparison: Comparison) -> list[str]:

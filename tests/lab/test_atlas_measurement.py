@@ -8,9 +8,17 @@ import re
 import torch
 from autocast_breaks import mm_without_autocast
 
-from harness.lab import autocast_atlas, autocast_docs, autocast_ops
+from harness.lab import autocast_atlas, autocast_docs, autocast_ops, devices
 
 CPU = torch.device("cpu")
+
+
+def lacking(low: torch.dtype) -> dict[str, str]:
+    """The ops whose kernel in `low` this CPU lacks, by the capability table (as the atlas
+    scenario asks it): what a test may hold of this machine, derived from its probed facts."""
+    cpu = devices.probe("cpu")
+    needs = autocast_atlas.HARDWARE_KERNELS[("cpu", low)]
+    return {op: lack.why for op, need in needs.items() if (lack := cpu.missing(need))}
 
 
 def test_the_documented_lists_change_in_the_release_the_docs_changed():
@@ -50,9 +58,34 @@ def test_an_op_whose_autocast_rule_is_broken_is_named():
     documented = autocast_docs.documented("cpu", torch.__version__)
     with mm_without_autocast():
         atlas = autocast_atlas.measure(CPU, torch.bfloat16, documented)
-    lower = autocast_atlas.judge(atlas, documented)["lower"]
-    wrong = [(c.op, c.documented, c.measured) for c in lower if not c.holds]
+    lower = autocast_atlas.judge(atlas, documented, lacking(torch.bfloat16))["lower"]
+    wrong = [(c.op, c.documented, c.measured) for c in lower if not c.holds and not c.hardware]
     assert wrong == [("mm", "lower", "input")]
+    # What this CPU lacks a kernel for is still a mismatch, named with the hardware's reason;
+    # an op that lowers here is never excused.
+    explained = {c.op: (c.measured, c.hardware) for c in lower if c.hardware}
+    assert explained == {op: ("raises", why) for op, why in lacking(torch.bfloat16).items()}
+
+
+def test_a_raise_the_hardware_does_not_explain_is_a_plain_mismatch(monkeypatch):
+    """The control of the above: an op that raises where its kernel is there (or for a reason
+    the hardware does not give) carries no hardware reason."""
+    documented = autocast_docs.documented("cpu", torch.__version__)
+
+    def under_autocast_only(real):
+        def broken(*args, **kwargs):
+            if torch.is_autocast_enabled("cpu"):
+                raise RuntimeError("no kernel")
+            return real(*args, **kwargs)
+
+        return broken
+
+    for name in ("lstm", "mm"):
+        monkeypatch.setattr(torch, name, under_autocast_only(getattr(torch, name)))
+    atlas = autocast_atlas.measure(CPU, torch.bfloat16, documented)
+    lower = autocast_atlas.judge(atlas, documented, {"mkldnn_rnn_layer": "no kernel here"})
+    found = {c.op: c.hardware for c in lower["lower"] if not c.holds}
+    assert found == {"mkldnn_rnn_layer": "no kernel here", "mm": ""}
 
 
 def test_the_same_op_holds_once_its_rule_is_back():

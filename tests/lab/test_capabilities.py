@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from harness.lab import devices, releases
+from harness.lab import devices, hardware, releases
 from harness.lab.devices import DeviceInfo, Probe
 
 
@@ -438,6 +438,51 @@ def test_a_table_claiming_less_than_a_baseline_is_caught(scenario_needs, monkeyp
     monkeypatch.setitem(devices.EXPECTED, ("cpu", "grad_scaler"), late)
     found = claimed_less_than_measured(baseline, scenario_needs)
     assert found and all("grad_scaler worked on cpu torch 2.4.1" in line for line in found)
+
+
+def hardware_rows_against(baseline: dict) -> list[str]:
+    """Each CPU row that follows the hardware (a oneDNN level, or NOT_EXPECTED) held against
+    what the baseline's probes saw on its class: expected there exactly where it worked. A
+    baseline from before capabilities were recorded holds nothing."""
+    facts = baseline["fingerprint"]
+    if facts.get("device") != "cpu" or "cpu.onednn_isa" not in facts:
+        return []
+    level = hardware.onednn_level(facts["cpu.onednn_isa"]) or ""
+    release = releases.release(facts["torch"])
+    wrong = []
+    for device, need in devices.HARDWARE_CAPABILITIES:
+        row = devices.EXPECTED.get((device, need))
+        if device != "cpu":
+            continue
+        expected = bool(
+            row
+            and release >= row.torch
+            and hardware.level_rank(level) >= hardware.level_rank(row.cpu)
+        )
+        seen = facts.get(f"capability.{need}") == "yes"
+        if expected != seen:
+            wrong.append(
+                f"{need} on {facts['hardware_class']} torch {facts['torch']}: the table "
+                f"{'expects' if expected else 'does not expect'} it, the probe saw "
+                f"{facts.get(f'capability.{need}')}"
+            )
+    return wrong
+
+
+@pytest.mark.parametrize("path", BASELINES, ids=[p.stem for p in BASELINES])
+def test_the_hardware_rows_are_what_each_class_measured(path):
+    assert not hardware_rows_against(json.loads(path.read_text()))
+
+
+def test_a_hardware_row_claiming_more_than_a_class_measured_is_caught(monkeypatch):
+    """The control: a row lowered to a class where the committed baselines saw no bf16 RNN
+    kernel (sse41) is reported for each such baseline, naming the capability."""
+    low = [p for p in BASELINES if "sse41" in p.name]
+    assert low, "the committed baselines include a class held down to sse41"
+    monkeypatch.setitem(devices.EXPECTED, ("cpu", "bf16_rnn"), devices.Expected(cpu="sse41"))
+    for path in low:
+        found = hardware_rows_against(json.loads(path.read_text()))
+        assert any(line.startswith("bf16_rnn on cpu-x86-64-sse41") for line in found), found
 
 
 @pytest.mark.parametrize("need", ["tf32", "bf16_autocast", "fp8_matmul"])

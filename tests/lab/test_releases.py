@@ -106,7 +106,7 @@ def baseline(folder: Path, version: str, lowest: float, verdict: str = "partly")
         "started": 0,
         "complete": True,
         "lacks": [],
-        "fingerprint": {"device": "cpu", "cpu": "x", "torch": version},
+        "fingerprint": {"device": "cpu", "hardware_class": "cpu-x", "torch": version},
         "verdicts": [
             {
                 "claim": "PIT2-NORM-HALF",
@@ -134,7 +134,7 @@ def test_the_page_lists_the_change_between_releases_in_version_order(tmp_path, c
     page = tmp_path / "changes.md"
     assert main(["baseline", "changes", "--baselines", str(tmp_path), "--page", str(page)]) == 0
     text = page.read_text()
-    assert "## cpu x: torch 2.5.1, 2.9.1, 2.13.0" in text
+    assert "## cpu-x: torch 2.5.1, 2.9.1, 2.13.0" in text
     (row,) = [line for line in text.splitlines() if line.startswith("| PIT2-NORM-HALF")]
     # where the value changed, then each side with the releases that had it
     assert (

@@ -18,6 +18,8 @@ from harness.reports import baseline, compare
 TEST = "scenarios/test_scn.py::test_bytes"
 ACCURACY = {"mlp/amp-fp16/seed0/val_accuracy": 90.0, "mlp/amp-fp16/seed1/val_accuracy": 92.0,
             "mlp/amp-fp16/seed2/val_accuracy": 91.0}  # fmt: skip
+# How a change between two runs of one environment ends (compare's attribution).
+SAME_ENVIRONMENT = " -- nothing in the environment differs: the harness or noise"
 
 
 def summary(metrics: dict, verdict: str = "confirmed") -> dict:
@@ -58,7 +60,10 @@ def test_a_changed_verdict_is_a_regression_with_its_evidence():
     assert (change.claim, change.test, change.before, change.after) == (
         "FMT-BYTES", TEST, "refuted", "confirmed",
     )  # fmt: skip
-    assert result.regressions == [f"FMT-BYTES ({TEST}): verdict refuted -> confirmed: fp16 2 bytes"]
+    assert result.regressions == [
+        f"FMT-BYTES ({TEST}): verdict refuted -> confirmed: fp16 2 bytes{SAME_ENVIRONMENT}"
+    ]
+    assert change.attribution == compare.Attribution(False, compare.NOTHING_DIFFERS)
 
 
 def test_seed_repetitions_shifted_by_half_are_flagged_naming_claim_and_metric():
@@ -241,7 +246,8 @@ def test_a_changed_verdict_fails_the_session_naming_the_claim(pytester, saved):
     result.assert_outcomes(passed=1)  # the test itself passed: the regression fails the session
     result.stdout.fnmatch_lines(
         ["baseline *: regressions: 1 *--amp-fail-on-regression fails the session",
-         f"  FMT-BYTES ({TEST}): verdict refuted -> confirmed: fp16 2 bytes, fp32 4 bytes"]
+         f"  FMT-BYTES ({TEST}): verdict refuted -> confirmed: fp16 2 bytes, fp32 4 bytes"
+         f"{SAME_ENVIRONMENT}"]
     )  # fmt: skip
     assert last_exitstatus(pytester) == pytest.ExitCode.TESTS_FAILED  # so MLflow says FAILED
 
@@ -257,7 +263,7 @@ def test_seed_metrics_shifted_by_half_fail_naming_the_metric(pytester, saved):
     result.stdout.fnmatch_lines(
         ["baseline *: regressions: 1 *",
          f"  FMT-BYTES ({TEST}): metric mlp/amp-fp16/seed*/val_accuracy 60.67 (mean of 3) -> "
-         "91 (mean of 3) (+50.0%, Welch p=*, n=3 vs 3)"]
+         f"91 (mean of 3) (+50.0%, Welch p=*, n=3 vs 3){SAME_ENVIRONMENT}"]
     )  # fmt: skip
 
 
@@ -405,7 +411,7 @@ def with_verdict(verdict: str, stands: bool, test: str = TEST, lacks=()) -> dict
 def test_a_decision_skipped_or_failed_now_is_a_regression(after, stands):
     result = compare.compare(with_verdict("confirmed", True), with_verdict(after, stands))
     assert result.regressions == [
-        f"FMT-BYTES ({TEST}): verdict confirmed -> {after}: 65536 -> 32768"
+        f"FMT-BYTES ({TEST}): verdict confirmed -> {after}: 65536 -> 32768{SAME_ENVIRONMENT}"
     ]
 
 
@@ -414,8 +420,9 @@ def test_a_decision_missing_now_is_a_regression_unless_the_run_was_partial():
     result = compare.compare(
         with_verdict("confirmed", True), with_verdict("skipped", False, renamed)
     )
+    same = compare.Attribution(False, compare.NOTHING_DIFFERS)
     assert result.lost == [
-        compare.LostDecision("FMT-BYTES", "confirmed", "skipped", "65536 -> 32768")
+        compare.LostDecision("FMT-BYTES", "confirmed", "skipped", "65536 -> 32768", same)
     ]
     assert "FMT-BYTES: decided (confirmed) before, skipped now" in result.regressions[0]
 

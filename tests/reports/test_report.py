@@ -30,6 +30,8 @@ from harness.records.tracking import MLFLOW_ENV, UI_VIEW, MlflowSink, default_ur
 from harness.reports import report
 
 SCRIPT = "<script>alert(1)</script>"
+# How summary.md names a column's class when its fingerprint predates classes (sessions.CPU's).
+LEGACY_CPU = "class cpu-x86-64 (only a name: recorded before hardware classes)"
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +226,7 @@ def test_summary_md_has_the_ledger_as_a_markdown_table(built):
     assert len(rows) == len(catalogue())
     assert "| FMT-BITS | [confirmed](http://127.0.0.1:5000/#/experiments/" in rows[0]
     # The header names each environment once, then the sessions its entries come from.
-    at = lines.index(f"- **{CPU_LABEL}**: 12 tests")
+    at = lines.index(f"- **{CPU_LABEL}**: 12 tests; {LEGACY_CPU}")
     session = r"  - session of [0-9: -]+ \(commit 0123456789ab\): 12 tests"
     assert re.fullmatch(session, lines[at + 1])
     assert lines[at + 2].startswith(f"- **{GPU_LABEL}**") or lines[at + 2] == ""
@@ -385,7 +387,7 @@ def test_the_sessions_behind_a_column_are_listed_with_commit_and_why_incomplete(
     assert f"| claim | {GPU_LABEL} | {CPU_LABEL} |" in lines
     (row,) = [line for line in lines if line.startswith("| FMT-BITS |")]
     assert "partial run: 6/9 bits" in row and "30 min ago)" in row
-    at = lines.index(f"- **{CPU_LABEL}**: 4 tests")
+    at = lines.index(f"- **{CPU_LABEL}**: 4 tests; {LEGACY_CPU}")
     assert re.fullmatch(r"  - session of [0-9: -]+ \(commit 0123456789ab\): 3 tests", lines[at + 3])
     assert lines[at + 2].endswith("; incomplete: ran part of the suite (tests selected with "
                                   "-k 'bits'); 1 test recorded")  # fmt: skip
@@ -480,6 +482,74 @@ def test_a_dead_or_hanging_tracking_server_is_one_line_naming_it_within_seconds(
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+# --- hardware classes -------------------------------------------------------------------------
+
+XEON = {**CPU, "hardware_class": "cpu-x86-64-avx512-bf16", "capability.bf16_rnn": "yes",
+        "cpu.model": "Intel Xeon Platinum 8480+", "cpu.instructions": "avx2 avx512 avx512-bf16",
+        "cpu.onednn_isa": "avx512-bf16", "onednn": "3.7.1"}  # fmt: skip
+EPYC = {**XEON, "hardware_class": "cpu-x86-64-avx2", "capability.bf16_rnn": "no",
+        "cpu.model": "AMD EPYC 7763", "cpu.instructions": "avx2",
+        "cpu.onednn_isa": "avx2"}  # fmt: skip
+RNN_REASON = ("cpu-x86-64-avx2 and cpu-x86-64-avx512-bf16 differ in what the test depends on: "
+              "bf16_rnn: no vs yes")  # fmt: skip
+
+
+def rnn_session(sink: MlflowSink, facts: dict, started: float, lstm: str, bits: str) -> None:
+    """The lower list, whose LSTM needs a bf16 RNN kernel; the formats, which need nothing."""
+    lower = make_record("test_rnn.py::test_lstm", ["AUTOCAST-LOWER-LIST"],
+                        verdicts=[("AUTOCAST-LOWER-LIST", lstm, f"42 ops: {lstm}")])  # fmt: skip
+    lower.depends_on_hardware("bf16_rnn")
+    formats = make_record("test_f.py::test_bits", ["FMT-BITS"],
+                          verdicts=[("FMT-BITS", bits, f"5/10 bits: {bits}")])  # fmt: skip
+    log_session(sink, facts, started, [lower, formats])
+
+
+@pytest.fixture(scope="module")
+def by_class(tmp_path_factory) -> Path:
+    """An AVX-512 Xeon, and an AVX2 EPYC on two torch releases: the EPYC lacks the bf16 LSTM,
+    and (made up here) both releases there read the fp16 bits otherwise."""
+    reports = tmp_path_factory.mktemp("classes") / "reports"
+    sink = MlflowSink(default_uri(reports), reports=reports)
+    now = time.time()
+    rnn_session(sink, XEON, now - 300, "confirmed", "confirmed")
+    rnn_session(sink, EPYC, now - 200, "partly", "refuted")
+    rnn_session(sink, {**EPYC, "torch": "2.14.1"}, now - 100, "partly", "refuted")
+    return report.build(default_uri(reports), report.report_dir(reports)).parent
+
+
+def test_the_ledger_groups_columns_by_class_and_marks_what_the_hardware_explains(by_class):
+    page = (by_class / "index.html").read_text()
+    head = page.split('<table class="ledger">')[1].split("</thead>")[0]
+    assert re.findall(r'<th class="hw-class" colspan="(\d)">([^<]*)</th>', head) == [
+        ("2", "cpu-x86-64-avx2"), ("1", "cpu-x86-64-avx512-bf16"),
+    ]  # fmt: skip
+    labels = re.findall(r"<th>([^<]*)<div", head)
+    assert labels == ["cpu-x86-64-avx2 / torch 2.13.0+cpu", "cpu-x86-64-avx2 / torch 2.14.1",
+                      "cpu-x86-64-avx512-bf16 / torch 2.13.0+cpu"]  # fmt: skip
+    assert '<div class="machine">CPU: AMD EPYC 7763; instructions: avx2; oneDNN ISA: avx2' in head
+    row = ledger_row(page, "AUTOCAST-LOWER-LIST")
+    marked = re.findall(r'<td class="hw-differs" title="differs with the hardware: ([^"]*)">', row)
+    assert marked == [RNN_REASON] * 3  # each EPYC column disagrees with the Xeon's
+    # Negative control: FMT-BITS differs too, but its test depends on no capability.
+    bits = ledger_row(page, "FMT-BITS")
+    assert "differs across environments" in bits and "hw-differs" not in bits
+    differences = page.split('<section id="differences">')[1].split("</section>")[0]
+    lower = differences.split('<tr id="differs-AUTOCAST-LOWER-LIST">')[1].split("</tr>")[0]
+    assert f"differs with the hardware: {RNN_REASON}" in lower
+    assert '<td class="hardware"></td>' in differences.split('<tr id="differs-FMT-BITS">')[1]
+
+
+def test_summary_md_names_the_classes_and_the_hardware(by_class):
+    text = (by_class / "summary.md").read_text()
+    assert "Columns by hardware class: cpu-x86-64-avx2 (2 columns); " in text
+    assert "; class cpu-x86-64-avx2; CPU: AMD EPYC 7763; instructions: avx2;" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("| AUTOCAST-LOWER-LIST |")]
+    assert row.count("*differs with the hardware*") == 3
+    (row,) = [line for line in text.splitlines() if line.startswith("| FMT-BITS |")]
+    assert "differs with the hardware" not in row
+    assert f"Differs with the hardware: {RNN_REASON}." in text
+
+
 # --- a real scenario session ------------------------------------------------------------------
 
 FORMATS = ("FMT-BITS", "FMT-RANGE", "FMT-BYTES", "NUM-UNDERFLOW", "NUM-OVERFLOW")
@@ -507,7 +577,7 @@ def test_report_of_a_real_formats_session(pytester, monkeypatch):
             assert verdicts == [] and "not run" in cell, claim
     assert set(uncovered(page)) == set(catalogue()) - set(FORMATS)
     summary = (out / "summary.md").read_text()
-    assert "| claim | cpu " in summary and "\n|---|---|\n" in summary
+    assert "| claim | cpu-" in summary and "\n|---|---|\n" in summary
     assert [p.name for p in out.glob("*.png")] == ["verdicts.png"]  # the scenarios draw none
     assert imread(out / "verdicts.png").shape[1] > 400  # a real image, pixels wide
 
