@@ -5,7 +5,10 @@
 - markers: @pytest.mark.claim(IDs...) on every scenario test, checked at collection;
   @pytest.mark.requires(capabilities..., gpus=N) turned into readable skip reasons;
 - fixtures: `amp_device` (the probed device) and `record` (what the test observed);
-- after each scenario test: its record goes to the journal, then to MLflow;
+- around each scenario test: torch's global state (harness.records.torch_state) recorded with it,
+  and a test that leaves it changed fails, naming what, with the state put back;
+- after each scenario test: its record goes to the journal, then to MLflow; under pytest-xdist
+  the controller records a test whose worker died;
 - at the end: the verdict table, and the regressions against a baseline.
 """
 
@@ -15,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import time
 import uuid
 import warnings
@@ -24,13 +28,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.catalogue import claims
+from harness.catalogue import claims, contract
 from harness.catalogue.claims import catalogue, unknown_ids
 from harness.catalogue.verdicts import CAPABILITY_REGRESSION
 from harness.common import shown
 from harness.common.errors import HarnessError
 from harness.lab import devices, hardware
-from harness.records import environments, fingerprint, isolation, stopsignals, warned
+from harness.records import environments, fingerprint, isolation, stopsignals, torch_state, warned
 from harness.records.journal import JOURNAL_NAME, Journal
 from harness.records.record import Record
 from harness.records.tracking import DEFAULT_EXPERIMENT, MlflowSink, Running, redact, resolve_uri
@@ -42,6 +46,8 @@ _STATE = pytest.StashKey["AmpSession"]()
 _RECORD = pytest.StashKey[Record]()
 _OUTCOME = pytest.StashKey[list]()  # (outcome, message) per phase that did not pass
 _REGRESSION = pytest.StashKey[devices.Lack]()  # a capability expected here, found missing
+_TORCH_BEFORE = pytest.StashKey[dict]()  # torch's global state before the test's setup
+_TORCH_SET_UP = pytest.StashKey[dict]()  # and once its fixtures are set up
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -152,6 +158,7 @@ class AmpSession:
     shared: bool = False  # a pytest-xdist worker recording into its controller's session
     journal_warnings: list[str] = field(default_factory=list)  # entries the readers skipped
     journal_down: str = ""  # why the journal could not be appended to: the session stopped
+    workers_rewrote: list[str] = field(default_factory=list)  # a vanished journal re-created
     selected: set[str] = field(default_factory=set)  # scenario tests this session set out to run
     deselected: int = 0  # scenario tests deselected (-k, -m, --deselect, --lf, ...)
 
@@ -163,8 +170,10 @@ class AmpSession:
         self.journal = Journal(self.reports / JOURNAL_NAME)
         self.journal.check_writable()
         xdist = getattr(self.config, "workerinput", {})
+        self.config.add_cleanup(self.journal.close)
         if "amp_session" in xdist:  # a pytest-xdist worker: its controller opened the session
             self.entry, self.shared = xdist["amp_session"], True
+            self.journal.keep(self.entry)
             if not self.config.getoption("no_mlflow"):
                 uri = resolve_uri(self.config.getoption("tracking_uri"), self.reports)
                 self.sink = MlflowSink(uri, self.config.getoption("amp_experiment"), self.reports)
@@ -191,6 +200,7 @@ class AmpSession:
         # Before the session is in the journal: a sync that sees it also sees that it runs.
         self.running = Running(self.journal.path.parent, self.entry["session_id"])
         self.config.add_cleanup(self.running.close)  # also when the session stops on an error
+        self.journal.keep(self.entry)
         self.journal.append(self.entry)
         if uri:
             self.sink = MlflowSink(uri, self.config.getoption("amp_experiment"), self.reports)
@@ -255,9 +265,9 @@ class AmpSession:
             )
 
     def session_records(self) -> list[Record]:
-        """This session's records; a pytest-xdist controller reads its workers' from the
-        journal."""
-        if self.records or self.journal is None:
+        """This session's records; a pytest-xdist controller reads its workers' (and those of
+        tests whose worker died, which it recorded itself) from the journal."""
+        if self.journal is None or not _xdist_controller(self.config):
             return self.records
         sid = self.entry["session_id"]
         session = self.read_journal(self.journal.index)[sid]
@@ -292,12 +302,26 @@ class AmpSession:
             "record": record.to_dict(),
         }
         try:
-            self.journal.append(entry)
+            self.append(entry)
         except HarnessError as exc:  # a full disk: nothing more can be recorded, say so and stop
             self.journal_down = str(exc)
             pytest.exit(f"amp-harness: {exc}", returncode=pytest.ExitCode.INTERNAL_ERROR)
         if self.sink:
             self.sink.log_record(self.entry, record)
+
+    def append(self, entry: dict) -> None:
+        """Append `entry` to the journal, which re-creates itself if it vanished (Journal.keep).
+        The lock that tells `amp-harness sync` this session runs went with its folder: it is
+        taken again first, so that no sync ends the session's run while it still records."""
+        if self.running is not None and self.journal.vanished():
+            self.running.close()
+            self.running = Running(self.journal.path.parent, self.entry["session_id"])
+            self.config.add_cleanup(self.running.close)
+        self.journal.append(entry)
+
+    def rewrote(self) -> list[str]:
+        """Each time this session's processes re-created a journal that vanished, in words."""
+        return (self.journal.rewritten if self.journal else []) + self.workers_rewrote
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -384,6 +408,82 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             state.open_tracking()
         except HarnessError as exc:
             raise pytest.UsageError(str(exc)) from None
+        session.config.pluginmanager.register(_XdistController(state), "amp-harness-controller")
+
+
+class _XdistController:
+    """pytest-xdist's controller, which runs no test: it records a test whose worker died (kill
+    -9, a segfault, the OOM killer) as --amp-isolate records one whose isolated worker did, and
+    hears what workers re-wrote of a journal that vanished."""
+
+    def __init__(self, state: AmpSession):
+        self.state = state
+        self.started: dict[str, dict] = {}  # node id -> its record as its setup began
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        started = getattr(report, "amp_record", None)
+        if started is not None:
+            self.started[report.nodeid] = started
+        elif report.when == "teardown":
+            self.started.pop(report.nodeid, None)
+
+    @pytest.hookimpl(optionalhook=True, trylast=True)  # after a plugin that runs it again
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched) -> None:
+        state = self.state
+        if report.outcome != "failed" or not state.is_scenario(_node_path(state, crashitem)):
+            return  # run again (pytest-rerunfailures), or not a scenario test
+        worker = report.node
+        died = _exit_status(worker)
+        report.longrepr = (
+            f"{crashitem} crashed: the worker died (pytest-xdist {worker.gateway.id}, "
+            f"{isolation.how_it_ended(died) if died is not None else 'its exit status unknown'})"
+        )
+        started = self.started.pop(crashitem, None)
+        record = Record.from_dict(started) if started else _crashed_before_setup(state, crashitem)
+        _record_crash(state, record, report.longrepr)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        output = getattr(node, "workeroutput", {})
+        self.state.workers_rewrote += output.get("amp_journal_rewritten", [])
+
+
+def _exit_status(worker) -> int | None:
+    """How a pytest-xdist worker's process ended (its Popen's return code: negative for a
+    signal); None where execnet does not say (another kind of gateway, another version)."""
+    popen = getattr(getattr(getattr(worker, "gateway", None), "_io", None), "popen", None)
+    try:
+        return popen.wait(timeout=5)  # its output closed as it died: it is reaped at once
+    except (AttributeError, subprocess.TimeoutExpired):
+        return None
+
+
+def _node_path(state: AmpSession, nodeid: str) -> Path:
+    return state.config.rootpath / nodeid.split("::")[0]
+
+
+def _crashed_before_setup(state: AmpSession, nodeid: str) -> Record:
+    """The record of a test whose worker died before its setup's report reached the controller
+    (a fixture that crashed): its claims read from its file, without importing it."""
+    path = _node_path(state, nodeid).resolve()
+    test = f"{path}::{nodeid.partition('::')[2].split('[')[0]}"  # named without its parameters
+    declared = contract.claimed_tests(path.parent) or {}
+    claims = [claim for claim, tests in declared.items() if test in map(_from_the_root, tests)]
+    return Record(nodeid, claims, state.device.describe(), _artifact_dir(state, nodeid))
+
+
+def _from_the_root(test: str) -> str:
+    """A test as contract.claimed_tests names it (its file from the current folder), its file
+    from the root of the file system."""
+    where, _, name = test.partition("::")
+    return f"{(Path.cwd() / where).resolve()}::{name}"
+
+
+def _record_crash(state: AmpSession, record: Record, message: str) -> None:
+    """A test whose process died: what it had measured is lost with it, its failure is not."""
+    record.outcome, record.message = "failed", message
+    record.ended = time.time()
+    state.finish(record)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -500,7 +600,7 @@ def _new_record(item: pytest.Item, state: AmpSession) -> Record:
         test=item.nodeid,
         claims=_claim_ids(item) or [],
         device=state.device.describe(),
-        artifact_dir=state.reports / "records" / item.nodeid.replace("/", "_").replace("::", "."),
+        artifact_dir=_artifact_dir(state, item.nodeid),
     )
     # What follows the hardware among what the test needs: where another class lacks it, the
     # test's verdicts there differ because of the hardware. A timing test's numbers depend on
@@ -512,6 +612,10 @@ def _new_record(item: pytest.Item, state: AmpSession) -> Record:
     if depends:
         record.depends_on_hardware(*sorted(depends))
     return record
+
+
+def _artifact_dir(state: AmpSession, nodeid: str) -> Path:
+    return state.reports / "records" / nodeid.replace("/", "_").replace("::", ".")
 
 
 def _missing_requirement(item: pytest.Item, state: AmpSession) -> devices.Lack | None:
@@ -572,11 +676,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     )
     for report in reports:
         item.ihook.pytest_runtest_logreport(report=report)
-    if record is None:  # the worker died: what it had measured is lost, the failure is not
-        record = state.current
-        record.outcome, record.message = "failed", _first_line(reports[1])
-    record.ended = time.time()
-    state.finish(record)
+    if record is None:  # the worker died
+        _record_crash(state, state.current, _first_line(reports[1]))
+    else:
+        record.ended = time.time()
+        state.finish(record)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 
@@ -588,6 +692,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     item.stash[_RECORD] = record = state.current = _new_record(item, state)
     item.stash[_OUTCOME] = []
+    # What the test starts under, recorded with it: a precision flag set by a conftest or an
+    # earlier non-scenario test changes its numbers as much as the fingerprint's do.
+    item.stash[_TORCH_BEFORE] = before = torch_state.snapshot()
+    record.param(**torch_state.as_params(before))
     lack = _missing_requirement(item, state)
     if lack and lack.regression:
         # Expected on this build and hardware, and broken: a failure, never a skip.
@@ -635,6 +743,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     record = item.stash[_RECORD]
     if call.excinfo is not None and isinstance(call.excinfo.value, devices.CapabilityRegression):
         item.stash[_REGRESSION] = call.excinfo.value.lack  # raised by DeviceInfo.optional
+    _check_torch_state(item, call.when, report)
+    if call.when == "setup" and hasattr(item.config, "workerinput"):
+        # pytest-xdist: should this worker die during the test, its controller records it
+        report.amp_record = shown.storable(record.to_dict())
     if call.when == "call" and report.passed and record.missing_verdicts():
         # The contract: a passing scenario has decided every claim it declares.
         report.outcome = "failed"
@@ -671,6 +783,33 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             hook.pytest_report_to_serializable(config=item.config, report=report)
         )
     return report
+
+
+def _check_torch_state(item: pytest.Item, when: str, report: pytest.TestReport) -> None:
+    """A test that leaves torch's global state changed fails, naming each switch, before ->
+    after; the state is put back, so that the tests after it measure what they would have.
+    The test's body is held to the state its fixtures set up (a fixture may set a dtype for
+    it), the whole test, teardown included, to the state before its setup."""
+    if when == "setup":
+        item.stash[_TORCH_SET_UP] = torch_state.snapshot()
+        return
+    expected = item.stash.get(_TORCH_SET_UP if when == "call" else _TORCH_BEFORE, None)
+    changed = expected and torch_state.changes(expected, torch_state.snapshot())
+    if not changed:
+        return
+    stuck = torch_state.restore(expected)
+    text = (
+        f"{item.nodeid} left torch's global state changed"
+        f"{'' if when == 'call' else ' by a fixture'}: {'; '.join(changed)}. "
+        + (f"Not put back: {', '.join(stuck)}; the tests after it run with that. " if stuck
+           else "Put back for the tests after it. ")
+        + "Fix: change it inside a with-block (torch.autocast(...), torch.no_grad(), ...) or "
+        "restore it in a try/finally"
+    )  # fmt: skip
+    if report.passed:
+        report.outcome, report.longrepr = "failed", text
+    else:
+        report.sections.append(("amp-harness: torch state", text))
 
 
 def _self_skipped(record: Record) -> list[str]:
@@ -722,6 +861,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             )
     for message in dict.fromkeys(state.journal_warnings):
         terminalreporter.write_line(f"journal: {message}", yellow=True)
+    for message in state.rewrote():
+        terminalreporter.write_line(f"journal: {message}", red=True, bold=True)
     if state.journal_down:
         terminalreporter.write_line(f"journal: {state.journal_down}", red=True, bold=True)
     if state.sink is None:
@@ -801,6 +942,17 @@ def _write_comparison(terminalreporter, state: AmpSession) -> None:
     )
 
 
+def _keep_worker_records(config: pytest.Config, state: AmpSession) -> None:
+    """A pytest-xdist worker's records stay in the journal even if it vanished after the
+    worker's last append; its controller says what was written again."""
+    said = []
+    try:
+        state.journal.write_kept()
+    except HarnessError as exc:
+        said.append(str(exc))
+    config.workeroutput["amp_journal_rewritten"] = state.journal.rewritten + said
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state = _state(session.config)
     if state.saved_threads is not None:
@@ -820,8 +972,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             record.message += f" (stopped by {stopsignals.received})"
         record.ended = time.time()
         state.finish(record)
-    if state.shared:
-        return  # a pytest-xdist worker: the controller ends the session
+    if state.shared:  # a pytest-xdist worker: the controller ends the session
+        _keep_worker_records(session.config, state)
+        return
     records = state.session_records()  # a pytest-xdist controller reads them from the journal
     end = {"type": "session_end", "session_id": state.entry["session_id"]}
     end["left_out"] = state.left_out({r.test for r in records})
@@ -840,7 +993,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     end.update(ended=time.time(), exitstatus=int(session.exitstatus), counts=counts)
     try:
         if not state.journal_down:
-            state.journal.append(end)
+            state.append(end)
         if state.sink:
             state.sink.end_session(state.entry, end)
     except HarnessError as exc:  # the journal could not take the end: said under the table

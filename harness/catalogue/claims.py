@@ -38,7 +38,9 @@ ARTICLE = "article"
 _FIELDS = ("id", "section", "article", "statement", "where")  # of claims.json
 _TOML_FIELDS = ("id", "statement", "source", "expected")
 _TOML_REQUIRED = ("id", "statement", "source")
-_ID_PATTERN = re.compile(r"^[A-Z][A-Z0-9]*(-[A-Z0-9]+)+$")
+# Held with fullmatch: `re.match(...$)` lets a final line break through ("TEAM-X\n"), which
+# would reach MLflow's tag names (`verdict.<ID>`).
+_ID_PATTERN = re.compile(r"[A-Z][A-Z0-9]*(-[A-Z0-9]+)+")
 
 
 @dataclass(frozen=True)
@@ -57,12 +59,26 @@ class CatalogueError(HarnessError):
     pass
 
 
+def _quoted(claim_id: str) -> str:
+    """An ID as a message shows it: in quotes, a line break or tab written out (`"TEAM-X\\n"`),
+    as TOML and JSON write it. (A valid ID needs no escape: the label of each of 10,000 entries
+    is made at once.)"""
+    if _ID_PATTERN.fullmatch(claim_id):
+        return f'"{claim_id}"'
+    return json.dumps(claim_id, ensure_ascii=False)
+
+
 def _check_id(where: str, claim_id: str) -> None:
-    if not _ID_PATTERN.match(claim_id):
+    if _ID_PATTERN.fullmatch(claim_id):
+        return
+    what = f"{where}: id {_quoted(claim_id)} is not of the form GROUP-NAME"
+    bare = "".join(claim_id.split())
+    if bare != claim_id and _ID_PATTERN.fullmatch(bare):
         raise CatalogueError(
-            f'{where}: id "{claim_id}" is not of the form GROUP-NAME (capitals, digits, dashes), '
-            'e.g. "TEAM-BF16-LOSS"'
+            f"{what} (capitals, digits, dashes): it holds white space (a line break, a tab or a "
+            f"space), which MLflow's tag names would keep; write it {_quoted(bare)}"
         )
+    raise CatalogueError(f'{what} (capitals, digits, dashes), e.g. "TEAM-BF16-LOSS"')
 
 
 def load_catalogue(path: Path) -> dict[str, Claim]:
@@ -120,7 +136,7 @@ def load_toml_catalogue(path: Path, name: str) -> dict[str, Claim]:
     for number, entry in enumerate(entries, start=1):
         label = entry.get("id") if isinstance(entry, dict) else None
         where = f"{path}: [[claim]] #{number}" + (
-            f' (id "{label}")' if isinstance(label, str) else ""
+            f" (id {_quoted(label)})" if isinstance(label, str) else ""
         )
         if not isinstance(entry, dict):
             raise CatalogueError(f"{where}: expected a [[claim]] table")
@@ -268,7 +284,7 @@ def add_project_claim(path: Path, claim_id: str, statement: str, source: str) ->
     claims = dict(builtin())
     if old:
         _merge(claims, load_toml_catalogue(path, "project"), path)
-    _check_id(f"--claim {claim_id}", claim_id)
+    _check_id(f"--claim {_quoted(claim_id)}", claim_id)
     if claim_id in claims:
         raise CatalogueError(
             f"--claim {claim_id}: already a claim of the {claims[claim_id].catalogue} catalogue "

@@ -122,6 +122,48 @@ def subject(spec: str, made: object) -> Subject:
     return found
 
 
+def _check_trainable(spec: str, model: nn.Module) -> None:
+    """A model diagnose can train: parameters that hold data (none on the meta device, none a
+    Lazy module's yet to be shaped), some of them to train. Each problem is one line naming the
+    factory and the fix (a meta or lazy model was a traceback from inside the first step)."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    lazy = [name for name, tensor in tensors if nn.parameter.is_lazy(tensor)]
+    if lazy:
+        raise DiagnoseError(
+            f"factory {spec!r}: its model's parameters are not initialised yet ({_some(lazy)}: "
+            "a Lazy module's, shaped by its first forward): they hold no data. Fix: run one "
+            "forward on a batch before returning the model, or build the layers with their "
+            "sizes (nn.Linear for nn.LazyLinear)"
+        )
+    meta = [name for name, tensor in tensors if tensor.is_meta]
+    if meta:
+        raise DiagnoseError(
+            f"factory {spec!r}: its model has tensors on the meta device ({_some(meta)}: "
+            f"{len(meta)} of its {len(tensors)} parameters and buffers): shapes without data, "
+            "nothing to train. Fix: materialise the model before returning it, model.to_empty("
+            'device="cpu") then initialise it (each module\'s reset_parameters(), or '
+            "load_state_dict with real weights), or build it on the CPU"
+        )
+    parameters = list(model.parameters())
+    if not parameters:
+        raise DiagnoseError(
+            f"factory {spec!r}: its model ({type(model).__name__}) has no parameters: nothing to "
+            "train, so no recipe can be judged. Fix: return the model whose parameters you train"
+        )
+    if not any(parameter.requires_grad for parameter in parameters):
+        raise DiagnoseError(
+            f"factory {spec!r}: none of its model's {len(parameters)} parameters requires a "
+            "gradient (requires_grad=False): nothing would train. Fix: unfreeze what you train, "
+            "model.requires_grad_(True) or the layers you fine-tune"
+        )
+
+
+def _some(names: list[str], shown: int = 4) -> str:
+    """The first `shown` names, and how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def _take(spec: str, batches: Iterable, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`count` batches, kept (every recipe sees the same ones); more than MAX_KEPT_BYTES of them
     is an error before they are taken."""
@@ -131,6 +173,12 @@ def _take(spec: str, batches: Iterable, count: int) -> list[tuple[torch.Tensor, 
             raise DiagnoseError(
                 f"factory {spec!r}: batch {len(taken)} is a {type(batch).__name__}, not an "
                 "(inputs, targets) pair"
+            )
+        if any(isinstance(t, torch.Tensor) and t.is_meta for t in batch):
+            raise DiagnoseError(
+                f"factory {spec!r}: batch {len(taken)} holds tensors on the meta device: shapes "
+                "without data. Fix: give batches of real tensors, on the CPU or the device "
+                "diagnosed"
             )
         taken.append(tuple(batch))
         if len(taken) == 1:
@@ -168,7 +216,8 @@ def diagnose(
     judgement held.
 
     `make`: the factory (or its "module:function" name, or a Subject). Errors of the subject
-    (it does not load, break the protocol, or fail its first fp32 step) name the factory."""
+    (it does not load, breaks the protocol, holds no data to train, or fails its first fp32
+    step) name the factory."""
     spec = make if isinstance(make, str) else getattr(make, "__qualname__", "subject")
     if steps < 2:
         raise DiagnoseError(f"--steps {steps}: diagnose needs at least 2 steps")
@@ -178,6 +227,7 @@ def diagnose(
     for name in names:
         recipes.get(name)  # an unknown recipe is an error before anything runs
     found = _subject(spec, make)
+    _check_trainable(spec, found.model)
     info = devices.probe(device) if isinstance(device, str) else device
     count = max(steps, verify) + (diagnose_verify.HELD_OUT if verify else 0)
     taken = _take(spec, found.batches, count)

@@ -19,7 +19,7 @@ RUN_FACTS = ("git_commit", "harness", "platform")
 # Facts that describe the machine without deciding behaviour beyond its class: two runners of one
 # class with other core counts or clocks are one environment.
 DESCRIPTIVE_FACTS = re.compile(
-    r"cpu\.(vendor|model|cores|usable_cores|held_by)$|gpu\.(.*clock.*|memory_gib|sm_count)$"
+    r"cpu\.(vendor|model|cores|usable_cores|held_by)|gpu\.(.*clock.*|memory_gib|sm_count)"
 )
 
 # The causes a difference between environments can have, each with the facts that make it.
@@ -43,7 +43,9 @@ def identity(facts: Mapping[str, str]) -> dict[str, str]:
     """The facts that make an environment: device, hardware class and what the kernels in
     force can do, GPU, driver, CUDA, cuDNN, NCCL, oneDNN, torch, Python, the TF32 and
     reduced-precision flags."""
-    return {k: v for k, v in facts.items() if k not in RUN_FACTS and not DESCRIPTIVE_FACTS.match(k)}
+    return {
+        k: v for k, v in facts.items() if k not in RUN_FACTS and not DESCRIPTIVE_FACTS.fullmatch(k)
+    }
 
 
 def hardware_class(facts: Mapping[str, str]) -> str:
@@ -93,7 +95,9 @@ def causes(a: Mapping[str, str], b: Mapping[str, str]) -> dict[str, list[str]]:
         differs(LIBRARIES, name)
     if hardware_class(a) != hardware_class(b):
         found[HARDWARE] = [f"{hardware_class(a)} -> {hardware_class(b)}"]
-    for name in sorted({*a, *b}):
+    # A switch one fingerprint does not name (recorded by another version) is unknown there,
+    # not different.
+    for name in sorted(a.keys() & b.keys()):
         if name.startswith(("tf32.", "precision.")):
             differs(SETTINGS, name)
     return found

@@ -5,11 +5,9 @@ Only named facts are collected; the process environment is never copied (it hold
 
 from __future__ import annotations
 
-import operator
 import platform
 import shutil
 import subprocess
-import warnings
 from pathlib import Path
 
 import torch
@@ -18,6 +16,7 @@ import harness
 from harness.lab import hardware
 from harness.lab.devices import DeviceInfo
 from harness.lab.tf32 import tf32_flags
+from harness.records import torch_state
 
 
 def _run(args: list[str], cwd: Path | None = None) -> str:
@@ -39,46 +38,14 @@ def _git_commit(root: Path) -> str:
     return commit + ("-dirty" if dirty else "")
 
 
-# Switches that let a "half" or "fp32" GEMM compute less exactly than its dtype says, besides
-# TF32: cuBLAS may reduce split-K partial sums in fp16/bf16 (on by default), accumulate fp16
-# GEMMs in fp16 (torch >= 2.7, off by default).
-_REDUCTION_FLAGS = (
-    "allow_fp16_reduced_precision_reduction",
-    "allow_bf16_reduced_precision_reduction",
-    "allow_fp16_accumulation",
-)
-# The newer TF32 control (torch >= 2.9), per backend and op: where a build has it, it is what
-# decides, and the legacy allow_tf32 flags are views of it.
-_FP32_PRECISION = (
-    "fp32_precision",
-    "cuda.matmul.fp32_precision",
-    "cudnn.fp32_precision",
-    "cudnn.conv.fp32_precision",
-    "cudnn.rnn.fp32_precision",
-)
-
-
 def precision_flags() -> dict[str, str]:
-    """The precision switches of this process as `precision.<torch.backends path>`: the
-    reduced-precision reductions, float32_matmul_precision and the fp32_precision settings,
-    each where this torch has it."""
-    matmul = torch.backends.cuda.matmul
-    # Reading a switch a newer torch deprecates must not fail the fingerprint (warnings are
-    # errors in the project's tests).
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        flags = {
-            f"cuda.matmul.{name}": getattr(matmul, name)
-            for name in _REDUCTION_FLAGS
-            if hasattr(matmul, name)
-        }
-        flags["float32_matmul_precision"] = torch.get_float32_matmul_precision()
-        for path in _FP32_PRECISION:
-            try:
-                flags[path] = operator.attrgetter(path)(torch.backends)
-            except AttributeError:  # a torch before the fp32_precision API
-                continue
-    return {f"precision.{k}": str(v) for k, v in flags.items()}
+    """The precision switches of this process as `precision.<torch.backends path>`:
+    float32_matmul_precision, the fp32_precision settings (mkldnn's included) or the legacy
+    TF32 flags, the reduced-precision reductions, each where this torch has it; one torch
+    refuses to read (the legacy and new TF32 APIs mixed) reads as such, never an error
+    (harness.records.torch_state reads them, as it does before each scenario test)."""
+    state = torch_state.snapshot()
+    return {name: str(value) for name, value in state.items() if name.startswith("precision.")}
 
 
 def collect(device: DeviceInfo, root: Path) -> dict[str, str]:

@@ -151,8 +151,18 @@ def _kill(process: subprocess.Popen) -> None:
 
 def _exit_cause(code: int) -> str:
     if code < 0:
-        return f"crashed: killed by {signal.Signals(-code).name}"
-    return f"exited with code {code} before reporting"
+        return f"crashed: {how_it_ended(code)}"
+    return f"{how_it_ended(code)} before reporting"
+
+
+def how_it_ended(code: int) -> str:
+    """A dead process's return code in words: the signal that killed it, or its exit code."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:  # a real-time signal, which has no name
+        return f"killed by signal {-code}"
 
 
 def _died(item: pytest.Item, message: str, started: float) -> list[pytest.TestReport]:

@@ -14,7 +14,14 @@ baseline, compare, the plugin's end of session):
 - an entry that is JSON but cannot be used (a field missing or of the wrong type) is skipped
   with a warning naming the line and the field; the entries around it are read as usual;
 - fields and entry types this version does not know (a newer version wrote them) are ignored,
-  and said once per reading.
+  and said once per reading;
+- records whose session entry is missing or unusable are read under a session entry rebuilt
+  from their session_id (harness.records.journal_index.rebuilt_session, marked `rebuilt`), and
+  said, so that `amp-harness sync` sends them; a session end without its session is left out.
+
+A session's journal survives being deleted while the session runs (`Journal.keep`): the next
+append re-creates it, the session entry first, with every entry the process had appended
+before, and `rewritten` says so for the end of the session.
 Readers go through harness.records.journal_index, which keeps what a reading found beside the
 journal, so that the next reading parses only what was appended since, and only the sessions it
 needs.
@@ -52,6 +59,40 @@ class Session:
 class Journal:
     def __init__(self, path: Path):
         self.path = Path(path)
+        self._held: int | None = None  # the file this process writes to, held open (keep)
+        self._kept: dict[tuple, dict] = {}  # what to write again if it vanishes, by identity
+        self.rewritten: list[str] = []  # each time it was re-created, in words
+
+    def keep(self, opening: dict) -> None:
+        """From now on, keep this process's part of the journal whole should the file vanish
+        (deleted, or its folder): `opening` (the session entry) and every entry appended from
+        here on are written again, first, into the journal the next append re-creates (another
+        process of the session may have re-created it already: what it holds is not written
+        twice). The file is held open until `close`: while held, its inode cannot be reused, so
+        a journal created anew at the path is never taken for it."""
+        self.close()
+        self._held = os.open(self.path, os.O_RDONLY)
+        self._kept = {_identity(opening): opening}
+
+    def close(self) -> None:
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
+
+    def vanished(self) -> bool:
+        """Whether the file `keep` holds is no longer the journal at its path."""
+        if self._held is None:
+            return False
+        try:
+            return not _same_file(os.stat(self.path), os.fstat(self._held))
+        except OSError:  # gone, or its folder can no longer be read: the next append says which
+            return True
+
+    def write_kept(self) -> None:
+        """Re-create the journal with what this process keeps, if it vanished (a process that
+        has nothing more to append: at its end)."""
+        if self.vanished():
+            self._write([])
 
     def check_writable(self) -> None:
         """Fail early, before any test runs, if the journal cannot be written."""
@@ -70,13 +111,17 @@ class Journal:
 
         If the write fails (a full disk), the file is cut back to its size before, so no half
         line is left for the next append to glue itself to, and a HarnessError names the journal
-        and the fix."""
-        data = _line(entry)
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        and the fix. A journal `keep` holds that vanished is re-created first (`keep`)."""
+        self._write([entry])
+
+    def _write(self, entries: list[dict]) -> None:
+        fd = self._open()
         try:
             # pytest-xdist workers append to one journal: one whole line at a time.
             fcntl.flock(fd, fcntl.LOCK_EX)
             size = os.fstat(fd).st_size
+            again = self._lacking(fd)
+            data = b"".join(map(_line, again + entries))
             # A line cut earlier (a crash, a full disk, a hand edit) must not swallow this entry:
             # the reader would see one corrupt line and lose it (a whole session, if it is the
             # session's first entry).
@@ -86,9 +131,56 @@ class Journal:
                 _write_all(fd, data)
                 os.fsync(fd)
             except OSError as exc:
-                raise self._append_failed(fd, size, entry, exc) from exc
+                raise self._append_failed(fd, size, (again + entries or [{}])[-1], exc) from exc
+            if self._held is not None:
+                self._kept.update((_identity(e), e) for e in entries)
+                if not _same_file(os.fstat(fd), os.fstat(self._held)):
+                    self._adopt(fd, again)
         finally:
             os.close(fd)  # releases the lock
+
+    def _open(self) -> int:
+        """The journal, opened to append; a kept journal whose folder was deleted gets it back."""
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT
+        try:
+            try:
+                return os.open(self.path, flags, 0o666)
+            except FileNotFoundError:
+                if self._held is None:
+                    raise
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                return os.open(self.path, flags, 0o666)
+        except OSError as exc:
+            raise HarnessError(
+                f"cannot append to the journal {self.path}: {exc.strerror or exc}. Fix: make "
+                f"{self.path.parent} writable, or pass --amp-reports DIR for another folder"
+            ) from exc
+
+    def _lacking(self, fd: int) -> list[dict]:
+        """What this process keeps that `fd`, the journal now at the path, lacks: nothing while
+        it is the file `keep` holds; once it is another one (re-created), the kept entries it
+        does not hold yet, in the order they were first written."""
+        if self._held is None or _same_file(os.fstat(fd), os.fstat(self._held)):
+            return []
+        os.lseek(fd, 0, os.SEEK_SET)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            present = {_identity(entry) for entry in map(_entry_of, f) if entry}
+        return [e for key, e in self._kept.items() if key not in present]
+
+    def _adopt(self, fd: int, again: list[dict]) -> None:
+        """`fd` is the journal from now on: held instead of the one that vanished, and said."""
+        os.close(self._held)
+        # Opened anew, not os.dup(fd): a duplicate would share fd's open file, and its lock with
+        # it, which would then outlive this append and block the next.
+        self._held = os.open(self.path, os.O_RDONLY)
+        tests = [e["record"]["test"] for e in again if e.get("type") == "record"]
+        opening = any(e.get("type") == "session" for e in again)
+        self.rewritten.append(
+            f"{self.path} vanished during this session (deleted, or its folder with it) and was "
+            f"created again: {'the session entry first, then ' if opening else ''}"
+            f"{len(tests)} record(s) this process had recorded before written again"
+            f"{': ' + ', '.join(tests) if tests else ''}; what it held of earlier sessions is gone"
+        )
 
     def _append_failed(self, fd: int, size: int, entry: dict, exc: OSError) -> HarnessError:
         try:
@@ -132,7 +224,7 @@ class Journal:
         its entries and where its records are, without reading them. What a full reading finds
         is said each time: a corrupt line, an entry that cannot be used (a field missing or of
         the wrong type: skipped, naming its line and the field), records whose session entry is
-        missing or unusable (left out), what a newer version wrote."""
+        missing or unusable (read under a rebuilt one), what a newer version wrote."""
         if not self.path.exists():
             return {}
         index = journal_index.read(self.path)
@@ -157,6 +249,24 @@ class Journal:
         """Every session with its records, in the order they began, by id (`index`, then
         `load`: what the index says is said here too)."""
         return self.load(self.index().values())
+
+
+def _identity(entry: dict) -> tuple:
+    """What tells one entry apart from another: its type, its session and its record's id."""
+    record = entry.get("record")
+    return (
+        entry.get("type"),
+        entry.get("session_id"),
+        isinstance(record, dict) and record.get("record_id"),
+    )
+
+
+def _entry_of(line: bytes) -> dict | None:
+    return journal_index.read_line(line)[0] if line.strip() else None
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _line(entry: dict) -> bytes:

@@ -25,7 +25,7 @@ from harness.common.errors import HarnessError
 from harness.records import shapes
 from harness.records.record import Record
 
-FORMAT = 1  # bump when what the index holds, or how lines are judged, changes
+FORMAT = 2  # bump when what the index holds, or how lines are judged, changes
 # Every entry starts with its type (json.dumps keeps the key order the harness writes): where a
 # line's start is garbage, a complete entry after it starts at one of these.
 _ENTRY_START = b'{"type"'
@@ -49,6 +49,8 @@ ENTRY_FIELDS = {
     },
 }
 _UNUSABLE = "(the line stays in the file: fix it by hand to read it again)"
+# The field that marks a session entry the reader made up for records whose own is missing.
+REBUILT = "rebuilt"
 
 
 @dataclass
@@ -71,7 +73,8 @@ class Index:
     digest: str = hashlib.sha1().hexdigest()  # of the bytes covered
     sessions: dict[str, Indexed] = field(default_factory=dict)
     problems: list[list] = field(default_factory=list)  # [line, what], in line order
-    orphans: list[int] = field(default_factory=list)  # lines of records of no known session
+    orphans: list[int] = field(default_factory=list)  # lines of ends of no known session
+    rebuilt: dict[str, list[int]] = field(default_factory=dict)  # session id -> its record lines
     unknown: dict[str, list[int]] = field(default_factory=dict)  # field or type -> lines
 
     def add(self, number: int, offset: int, line: bytes) -> None:
@@ -102,24 +105,39 @@ class Index:
             self.problems.append([number, f"skipped a journal entry it cannot use: {problem} "
                                   + _UNUSABLE])  # fmt: skip
             return
-        session = self.sessions.get(entry["session_id"])
-        if kind == "session":
-            self.sessions[entry["session_id"]] = Indexed(entry)
-        elif session is None:
-            self.orphans.append(number)
+        sid = entry["session_id"]
+        session = self.sessions.get(sid)
+        if kind == "session" and self.rebuilt.pop(sid, None) is not None:
+            session.entry = entry  # its records came first: written again after it vanished
+        elif kind == "session":
+            self.sessions[sid] = Indexed(entry)
         elif record is not None:
+            if session is None:  # its session entry is missing or unusable: sync still sends it
+                session = self.sessions[sid] = Indexed(rebuilt_session(sid, record))
+                self.rebuilt[sid] = []
+            if sid in self.rebuilt:
+                self.rebuilt[sid].append(number)
             session.records.append([number, offset, len(line)])
             session.claims = list(dict.fromkeys(session.claims + record.claims))
+        elif session is None:
+            self.orphans.append(number)
         else:
             session.end = entry
 
     def warnings(self, path: Path) -> list[str]:
         """What this reading found that a reader must say, naming `path`:LINE."""
         said = [f"{path}:{number}: {what}" for number, what in self.problems]
+        rebuilt = sorted(n for lines in self.rebuilt.values() for n in lines)
+        if rebuilt:
+            said.append(
+                f"{path}: read {len(rebuilt)} records of sessions whose session entry is missing "
+                f"or unusable (lines {lines_text(rebuilt)}) under a session rebuilt from their "
+                "session_id, without its fingerprint: `amp-harness sync` sends them"
+            )
         if self.orphans:
             said.append(
-                f"{path}: left out {len(self.orphans)} entries of sessions whose session entry "
-                f"is missing or unusable (lines {lines_text(self.orphans)})"
+                f"{path}: left out {len(self.orphans)} session ends of sessions whose session "
+                f"entry is missing or unusable (lines {lines_text(self.orphans)})"
             )
         if self.unknown:
             names = ", ".join(f"{n} (lines {lines_text(ls)})" for n, ls in self.unknown.items())
@@ -128,6 +146,21 @@ class Index:
                 f"newer one? upgrade to read it): {names}"
             )
         return said
+
+
+def rebuilt_session(sid: str, record: Record) -> dict:
+    """The session entry of records whose own is missing (the journal was deleted while the
+    session ran, and re-created without it) or unusable: made from their session_id, started
+    with the first of them, without the fingerprint no record holds; marked REBUILT."""
+    return {
+        "type": "session",
+        "session_id": sid,
+        "name": f"session {sid[:8]} (its session entry is missing: rebuilt from its records)",
+        "started": record.started,
+        "args": [],
+        "fingerprint": {},
+        REBUILT: "the journal holds records of this session but not its session entry",
+    }
 
 
 def read(path: Path, rebuild: bool = False) -> Index:

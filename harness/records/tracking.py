@@ -18,22 +18,26 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
+import http.client
 import json
 import logging
 import os
 import re
 import shlex
+import socket
 import sqlite3
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from harness.catalogue import claims, verdicts
 from harness.common.errors import HarnessError
-from harness.records import halfmade
+from harness.records import halfmade, journal_index
 from harness.records.journal import Journal, Session
 from harness.records.record import Record
 
@@ -49,6 +53,13 @@ LEFT_OUT = "amp.left_out"  # on a session run: what of the suite it did not run,
 EXIT_STATUS = "amp.exitstatus"  # on a session run: pytest's exit status
 RUNNING_FOLDER = ".running"  # beside the journal: one lock file per session while it runs
 SYNC_LOCK = ".sync.lock"  # beside the journal: one `sync` at a time
+DOWNSAMPLED = "amp.downsampled"  # on a test run: its histories MLflow got fewer points of
+# The points of one history MLflow gets: each is a row of its store (a 10^6-step history took
+# 365 s and 1.46 GB to log, 249 MB to keep; now 2.2 s, most of it record.json, which holds it
+# whole, and 2.4 MB). 2,000 points log in 0.1 to 0.3 s and give each of 1,000 stretches its
+# highest and lowest value (downsampled): a chart 1,000 pixels wide, three times the 320
+# points MLflow's UI samples of a history to draw it.
+HISTORY_POINTS = 2000
 
 # Bounded calls: a 4 s timeout and one retry (under 10 s in all), instead of MLflow's 120 s and
 # 7 retries with backoff. Telemetry off. A user's own setting of any of these wins.
@@ -187,8 +198,9 @@ def resolve_uri(option: str | None, reports: Path) -> str:
     return uri
 
 
-def client(uri: str, set_aside: list[str] | None = None):
-    """An MlflowClient whose calls are bounded (MLFLOW_ENV), for every reader and writer.
+def client(uri: str, set_aside: list[str] | None = None) -> BoundedClient:
+    """An MlflowClient whose calls are bounded (MLFLOW_ENV, BoundedClient), for every reader and
+    writer.
 
     An embedded store left half-made (halfmade.py) is set aside and made anew; what was done is
     appended to `set_aside` ("the store ... was half-made (...): set aside as ...")."""
@@ -198,6 +210,11 @@ def client(uri: str, set_aside: list[str] | None = None):
     # with the URI's password in it. The harness prints its own line, without the password: this
     # one is not left to the user's setting.
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    with foreign_warnings_ignored():  # MLflow's import and its store's making warn
+        return BoundedClient(_mlflow_client(uri, set_aside))
+
+
+def _mlflow_client(uri: str, set_aside: list[str] | None):
     try:
         from mlflow import MlflowClient  # imported here: it takes seconds
     except ImportError as exc:  # e.g. an offline GPU runner's wheelhouse missing a requirement
@@ -242,6 +259,112 @@ def client(uri: str, set_aside: list[str] | None = None):
         except OSError:
             break
     return made
+
+
+# --- every MLflow call ---------------------------------------------------------------------
+# A warning attributed to any module but the harness's own: inside the harness's MLflow calls,
+# MLflow's and the libraries' under it (SQLAlchemy, alembic, pydantic, urllib3, ...).
+_NOT_THE_HARNESS = r"(?!harness(\.|$))"
+
+
+@contextlib.contextmanager
+def foreign_warnings_ignored() -> Iterator[None]:
+    """The block with every warning of a module other than the harness's ignored, the warnings
+    filters as they were before and after it. For the harness's MLflow calls: a user's `-W error`
+    or `filterwarnings = error` made MLflow's own warnings (SQLAlchemy's deprecation of `noload`,
+    as MLflow opens any store) exceptions, and MLflow was off in every session. What the
+    harness itself calls wrongly still warns, and the user's filters hold for it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=_NOT_THE_HARNESS)
+        yield
+
+
+class BoundedClient:
+    """An MlflowClient (`mlflow_client`) whose every method runs with foreign_warnings_ignored
+    and is sent again when its answer was cut in the middle (_cut): MLflow's client retries a
+    request whose answer never came or was a 5xx, never one whose body broke off, and one such
+    answer turned MLflow off for the rest of the session. As many times as MLflow's client
+    would retry a 5xx (MLFLOW_HTTP_REQUEST_MAX_RETRIES), each bounded as its requests are; what
+    a request sent twice makes twice is deleted as for a 5xx (MlflowSink._drop_copies). Its
+    other attributes are the client's own."""
+
+    def __init__(self, mlflow_client):
+        self.mlflow_client = mlflow_client
+
+    def __getattr__(self, name: str):
+        found = getattr(self.mlflow_client, name)
+        if not callable(found):
+            return found
+
+        @functools.wraps(found)
+        def bounded(*args, **kwargs):
+            sent_again = 0
+            while True:
+                try:
+                    with foreign_warnings_ignored():
+                        return found(*args, **kwargs)
+                except Exception as exc:
+                    if not _cut(exc) or sent_again >= _retries():
+                        raise
+                    sent_again += 1
+                    log.info("MLflow: %s: the answer was cut (%s); sent again", name, reason(exc))
+
+        return bounded
+
+
+def _retries() -> int:
+    """MLFLOW_HTTP_REQUEST_MAX_RETRIES, as MLflow's client reads it (MLFLOW_ENV, or the user's):
+    read only once an answer was cut, MLflow having read it well for the request."""
+    return int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", MLFLOW_ENV[
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES"]))  # fmt: skip
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and the exceptions it was raised from or while handling (MLflow raises its own
+    MlflowException while handling requests', which handled urllib3's)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _cut(exc: Exception) -> bool:
+    """Whether `exc` is an answer that broke off while its body was read: the connection closed
+    or reset after the headers (http.client's IncompleteRead or a reset, under urllib3's
+    ProtocolError, under requests' ChunkedEncodingError). MLflow's client has urllib3 retry a
+    request whose answer never started (a reset before the headers, a 5xx), never this one."""
+    from requests.exceptions import ChunkedEncodingError
+
+    return any(isinstance(e, ChunkedEncodingError) for e in _chain(exc))
+
+
+def _unreachable(exc: Exception) -> bool:
+    """Whether `exc` says MLflow could not be reached or gave no whole answer (a connection
+    refused, reset or cut, a timeout, a name that does not resolve, a server error through every
+    retry): what waiting for the server fixes. A store MLflow cannot use, an error in its code
+    or a warning made an error is not."""
+    import requests
+    from mlflow.exceptions import RestException
+
+    network = (ConnectionError, TimeoutError, socket.gaierror, http.client.HTTPException,
+               requests.RequestException)  # fmt: skip
+    return any(isinstance(e, network) or (isinstance(e, RestException) and e.get_http_status_code()
+               >= 500) for e in _chain(exc))  # fmt: skip
+
+
+def _fix(exc: Exception) -> str:
+    """What to fix for a failure that is no connection problem, named by its exception's class;
+    for a warning that the warnings filters made an error, how to let it warn."""
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else (
+        f"{kind.__module__}.{kind.__qualname__}")  # fmt: skip
+    if isinstance(exc, Warning):
+        return (
+            f"{name} is a warning that the warnings filters (-W error, filterwarnings = error) "
+            f"made an error: let it warn (-W 'default::{name}')"
+        )
+    return f"fix what raised {name}"
 
 
 def _check_writable(store: Path | None) -> None:
@@ -341,24 +464,35 @@ class MlflowSink:
             (self.reports / ARTIFACTS_NAME).as_uri() if self.reports and self.store else None
         )
         self.down: str | None = None
+        self.unreachable = False  # whether `down` is what waiting for the server fixes
+        self.fix = ""  # what to fix (_fix), where `down` is neither a HarnessError nor waiting
         self.refused: list[str] = []  # "<test>: <why>" for each result MLflow refused
         self.notes: list[str] = []  # what was done to the store on the way (a moved store)
+        self._downsampled: list[str] = []  # "<test> (<history>: <steps> steps, ...)"
+        self._downsampled_note: int | None = None  # where in `notes` they are said
         set_aside: list[str] = []
+        self.client = None
         try:
             _check_writable(self.store)
             self.client = client(uri, set_aside)
             self.notes += [f"{text}; {self._sync_command()} fills it from the journal"
                            for text in set_aside]  # fmt: skip
         except HarnessError as exc:  # the session goes on, on the journal alone
-            self.client, self.down = None, str(exc)
+            self._stop(str(exc))
         except Exception as exc:  # noqa: BLE001 - a damaged, locked or full store, a bad server
             # Opening the store is the first MLflow call of a session: it must not stop it.
             where = f"the store {self.store}" if self.store else f"MLflow at {self.label}"
-            self.client, self.down = None, f"cannot open {where} ({reason(exc)})"
-        if self.down:
-            log.info("MLflow at %s: %s", self.label, self.down)
+            self._stop(f"cannot open {where} ({reason(exc)})", exc)
         self._experiment_id: str | None = None
         self._parents: dict[str, str] = {}  # session id -> parent run id
+
+    def _stop(self, down: str, exc: Exception | None = None) -> None:
+        """MLflow off for the rest of the session, for `down` (caused by `exc`)."""
+        self.down = down
+        if exc is not None:
+            self.unreachable = _unreachable(exc)
+            self.fix = _fix(exc)
+        log.info("MLflow at %s: %s", self.label, down)
 
     def _sync_command(self) -> str:
         """`amp-harness sync ...` for this store and journal, quoted, without the password."""
@@ -386,7 +520,12 @@ class MlflowSink:
             return f"another process holds the store locked: once it lets go, run {sync}"
         if self.store and any(s in why for s in ("full", "no space")):
             return f"free space on the disk of {self.store.parent}, then run {sync}"
-        text = f"once MLflow is reachable, run {sync}"
+        if self.unreachable:
+            text = f"once MLflow is reachable, run {sync}"
+        elif self.fix:
+            text = f"it is no connection problem: {self.fix}, then run {sync}"
+        else:  # a HarnessError of ours (MLflow not installed): `down` says what to do
+            text = f"once that is done, run {sync}"
         if self.label != self.uri:
             text += (
                 " (with the password, left out here: put it back in the URI, or set "
@@ -404,8 +543,8 @@ class MlflowSink:
             if refusable and _refused(exc):  # MLflow answered: the next result may be fine
                 self.refused.append(f"{what}: {reason(exc)}")
                 return None
-            self.down = f"{what} failed after {time.monotonic() - started:.1f} s ({reason(exc)})"
-            log.info("MLflow at %s: %s", self.label, self.down)
+            self._stop(f"{what} failed after {time.monotonic() - started:.1f} s ({reason(exc)})",
+                       exc)  # fmt: skip
             return None
 
     def experiment_id(self) -> str:
@@ -482,6 +621,8 @@ class MlflowSink:
             "amp.args": " ".join(session["args"]),
             **_env_tags(session),
         }
+        if journal_index.REBUILT in session:  # its entry was lost: said where the run is read
+            tags["amp.rebuilt"] = session[journal_index.REBUILT]
         # _clean redacts again: a journal written before a form of password was known keeps it.
         run = self.client.create_run(
             self.experiment_id(), int(session["started"] * 1000), _clean(tags)
@@ -563,6 +704,11 @@ class MlflowSink:
                 tags[f"source.{v.claim}"] = known[v.claim].source
         for claim, status in found.items():
             tags[f"status.{claim}"] = status.label  # what counts: "failed (was: partly)", ...
+        sent = {name: downsampled(values) for name, values in record.histories.items()}
+        cut = {name: len(record.histories[name]) for name, points in sent.items()
+               if len(points) < len(record.histories[name])}  # fmt: skip
+        if cut:
+            tags[DOWNSAMPLED] = ", ".join(f"{name} ({n:,} steps)" for name, n in cut.items())
         run_id = self.client.create_run(
             self.experiment_id(), int(record.started * 1000), _clean(tags)
         ).info.run_id
@@ -570,9 +716,7 @@ class MlflowSink:
             stamp = int(record.ended * 1000)
             metrics = [Metric(k, v, stamp, 0) for k, v in record.metrics.items()]
             metrics += [
-                Metric(k, v, stamp, step)
-                for k, values in record.histories.items()
-                for step, v in enumerate(values)
+                Metric(k, v, stamp, step) for k, points in sent.items() for step, v in points
             ]
             params = [Param(k, v) for k, v in {**record.params, "device": record.device}.items()]
             self.client.log_text(
@@ -600,6 +744,27 @@ class MlflowSink:
                 with contextlib.suppress(Exception):
                     self.client.delete_run(run_id)
             raise
+        if cut:
+            self._note_downsampled(record.test, cut)
+
+    def _note_downsampled(self, test: str, cut: dict[str, int]) -> None:
+        """One line in `notes` for every test whose histories MLflow got fewer points of."""
+        self._downsampled.append(
+            f"{test} ({', '.join(f'{name}: {steps:,} steps' for name, steps in cut.items())})"
+        )
+        shown = "; ".join(self._downsampled[:3])
+        more = len(self._downsampled) - 3
+        note = (
+            f"histories longer than {HISTORY_POINTS:,} steps went to MLflow as at most "
+            f"{HISTORY_POINTS:,} points each (the first and last step, and each stretch's highest "
+            f"and lowest value; tag {DOWNSAMPLED}), whole in the run's record.json: {shown}"
+            + (f"; and {more} more tests" if more > 0 else "")
+        )
+        if self._downsampled_note is None:
+            self._downsampled_note = len(self.notes)
+            self.notes.append(note)
+        else:
+            self.notes[self._downsampled_note] = note
 
     def _end_session(self, session: dict, end: dict) -> None:
         from mlflow.entities import Metric, RunTag
@@ -704,6 +869,25 @@ class MlflowSink:
                                                     self._drop_copies, sid) or 0  # fmt: skip
 
 
+def downsampled(values: list[float], limit: int = HISTORY_POINTS) -> list[tuple[int, float]]:
+    """(step, value) for the points of a history MLflow gets: all of them up to `limit`; of a
+    longer one, the first and the last step and, in each of (limit - 2) // 2 equal stretches of
+    the steps between, the lowest and the highest value (a NaN counts as both: a step that went
+    NaN is what a history of mixed precision is read for), in step order, at their real steps."""
+    if len(values) <= limit:
+        return list(enumerate(values))
+    import numpy as np
+
+    series = np.asarray(values, dtype=np.float64)
+    nan = np.isnan(series)
+    low, high = np.where(nan, -np.inf, series), np.where(nan, np.inf, series)
+    edges = np.linspace(1, len(series) - 1, (limit - 2) // 2 + 1).astype(np.int64).tolist()
+    steps = {0, len(series) - 1}
+    for start, end in zip(edges[:-1], edges[1:], strict=True):
+        steps.update((start + int(low[start:end].argmin()), start + int(high[start:end].argmax())))
+    return [(step, values[step]) for step in sorted(steps)]
+
+
 def search_runs(client, experiment_id: str, query: str = "") -> list:
     """Every run of the experiment that `query` selects, page by page."""
     runs, token = [], None
@@ -728,8 +912,9 @@ def _commit_without_fsync(mlflow_client) -> None:
 
     engine = getattr(mlflow_client._tracking_client.store, "engine", None)
     if engine is not None and not event.contains(engine, "connect", _no_fsync):
-        event.listen(engine, "connect", _no_fsync)
-        engine.dispose()  # the pooled connections reopen with it
+        with foreign_warnings_ignored():
+            event.listen(engine, "connect", _no_fsync)
+            engine.dispose()  # the pooled connections reopen with it
 
 
 def _no_fsync(connection, _record) -> None:

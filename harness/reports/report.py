@@ -86,7 +86,7 @@ from harness.reports.table import cap
 DEFAULT_NAME = "report"  # a fixed name, overwritten by the next build: a stable path to bookmark
 EMBEDDED_UI = "http://127.0.0.1:5000"  # what `amp-harness ui` (and `mlflow ui`) serve by default
 TEMPLATE = "report.html.j2"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 ENDED = ("FINISHED", "FAILED")  # parent run statuses of a session that ran to its end
 # Where an entry's capped text is whole. Not "N more in record.json": the tag read here may
 # itself be cut (tracking keeps 5,000 characters of evidence), so N is only what was cut here.
@@ -293,7 +293,7 @@ def build(
 def report_dir(reports: Path, name: str = DEFAULT_NAME) -> Path:
     """reports/<name>, for a name that is one plain folder name, short enough for the file
     system with the temporary names built beside it (`_replace`, `build`'s mkdtemp)."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise HarnessError(
             f"--name {name!r}: use one folder name of letters, digits, '.', '_' or '-' "
             f"(e.g. {DEFAULT_NAME} or 2025-06-01-h200)"

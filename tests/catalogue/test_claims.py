@@ -127,6 +127,22 @@ def test_a_malformed_project_catalogue_names_the_file_the_entry_and_the_fix(
     assert str(path) in str(error.value)
 
 
+@pytest.mark.parametrize("claim_id", ["TEAM-X\n", " TEAM-X", "TEAM-\tX"])
+def test_an_id_with_white_space_is_refused_naming_it_and_the_fix(tmp_path, claim_id):
+    """`re.match(...$)` let "TEAM-X\\n" through (`$` matches before a final line break): it
+    reached MLflow's tag names. Each ID is shown as TOML writes it, on the error's one line."""
+    entry = f'id = {json.dumps(claim_id)}\nstatement = "s"\nsource = "x"'
+    path = write_toml(tmp_path, entry)
+    with pytest.raises(CatalogueError) as error:
+        claims.load_toml_catalogue(path, "project")
+    shown = json.dumps(claim_id)
+    assert str(error.value) == (
+        f"{path}: [[claim]] #1 (id {shown}): id {shown} is not of the form GROUP-NAME (capitals, "
+        "digits, dashes): it holds white space (a line break, a tab or a space), which MLflow's "
+        'tag names would keep; write it "TEAM-X"'
+    )
+
+
 def test_a_top_level_key_other_than_claim_is_refused(tmp_path):
     path = tmp_path / "claims.toml"
     path.write_text('title = "ours"\n', encoding="utf-8")

@@ -105,6 +105,19 @@ def test_new_refuses_a_claim_it_cannot_add_and_writes_nothing(tmp_path, capsys, 
     assert list(folder.iterdir()) == []
 
 
+def test_new_refuses_a_claim_id_ending_in_a_line_break_and_writes_nothing(tmp_path, capsys):
+    """`re.match(...$)` took "TEAM-X\\n" for an ID: it went into claims.toml, then MLflow."""
+    folder = scenarios(tmp_path)
+    argv = ["new", "loss", "--scenarios", str(folder), "--claim", "TEAM-X\n", "s"]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == (
+        'amp-harness: error: --claim "TEAM-X\\n": id "TEAM-X\\n" is not of the form GROUP-NAME '
+        "(capitals, digits, dashes): it holds white space (a line break, a tab or a space), which "
+        'MLflow\'s tag names would keep; write it "TEAM-X"\n'
+    )
+    assert list(folder.iterdir()) == []
+
+
 def test_the_template_fails_naming_its_claim_when_fp16_takes_four_bytes(pytester, monkeypatch):
     half_in_larger_buffers(monkeypatch)  # fp16 parameters whose storages hold 4 bytes a value
     assert_fails_naming(run_generated(pytester), "PROJECT-DEMO")

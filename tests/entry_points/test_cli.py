@@ -18,6 +18,7 @@ from conftest import REPO
 
 from harness import cli
 from harness.catalogue import claims, contract
+from harness.common import shown
 from harness.reports import report
 
 
@@ -360,3 +361,30 @@ def test_report_name_too_long_for_a_folder_is_one_line_before_reading_mlflow(tmp
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "--name of 300 characters is too long" in line and "at most 242" in line
     assert report.report_dir(tmp_path, "r" * 242) == tmp_path / ("r" * 242)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+@pytest.mark.parametrize("width", [300, 80, 41])
+def test_list_in_a_log_prints_blocks_that_fit_its_width_and_keep_every_word(width, encoding):
+    """Outside a terminal (a CI log, a pipe) `list` prints a block per claim, wrapped at the
+    width: every line fits (the ASCII ones exactly; CJK takes two cells a character), every word
+    of every field is kept, in what the encoding shows, and text is data, never terminal
+    control. A table (rich's, a millisecond a row) is for a terminal and a few hundred claims."""
+    rows = [
+        {"id": c.id, "statement": c.statement, "source": c.source,
+         "shown_tests": ["test_a.py::test_b"], "shown_verdict": "-"}
+        for c in claims.builtin().values()
+    ]  # fmt: skip
+    hostile = {"id": "TEAM-HOSTILE", "statement": "[/bold] " + "x" * 90,
+               "source": "\x1b[2J\tcaf\u00e9", "shown_tests": ["a", "b"],
+               "shown_verdict": "refuted"}  # fmt: skip
+    rows.append(hostile)
+    drawn = cli._claim_blocks("the title", rows, width, encoding)
+    drawn.encode(encoding)  # it shows on such a terminal as it is
+    assert "\x1b" not in drawn  # data (`\\x1b[2J`, kept), never terminal control
+    assert all(len(line) <= width for line in drawn.splitlines() if line.isascii())
+    words = "".join(drawn.split())
+    for row in rows:
+        for field in ("id", "statement", "source"):
+            shown_text = shown.for_encoding(shown.visible(row[field]), encoding)
+            assert "".join(shown_text.split()) in words, (field, row[field])

@@ -234,3 +234,172 @@ def test_curves(record):
     assert rec["figures"] == ["curves.png"]
     png = pytester.path / "reports" / "records" / "scenarios_test_scn.py.test_curves" / "curves.png"
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+# --- "Nothing lost, round 3", item 1: a test that leaves torch's global state changed fails,
+# naming it, and the tests after it run as they would have ---
+
+LEAKS = {  # what a scenario left behind, and what its failure then says
+    "flush_denormal": ("torch.set_flush_denormal(True)", "torch.flush_denormal: False -> True"),
+    "float16_default": ("torch.set_default_dtype(torch.float16)",
+                        "torch.default_dtype: torch.float32 -> torch.float16"),
+    "float64_default": ("torch.set_default_dtype(torch.float64)",
+                        "torch.default_dtype: torch.float32 -> torch.float64"),
+    "autocast_entered": ('torch.autocast("cpu", dtype=torch.float16).__enter__()',
+                         "torch.autocast.cpu.enabled: False -> True; torch.autocast.cpu.dtype: "
+                         "torch.bfloat16 -> torch.float16; torch.autocast.nesting: 0 -> 1"),
+    "grad_off": ("torch.set_grad_enabled(False)", "torch.grad_enabled: True -> False"),
+    "tf32_on": ("tf32.set_tf32(True)", "*precision.cuda.matmul.* -> *"),
+    "matmul_precision": ('torch.set_float32_matmul_precision("medium")',
+                         "precision.float32_matmul_precision: highest -> medium*"),
+    "deterministic": ("torch.use_deterministic_algorithms(True)",
+                      "torch.deterministic_algorithms: off -> on"),
+    "threads": ("torch.set_num_threads(3)", "torch.threads: 1 -> 3"),
+}  # fmt: skip
+
+LEAKING_HEAD = """
+import pytest
+import torch
+from harness.lab import tf32
+
+def assert_as_before():
+    assert torch.get_default_dtype() == torch.float32
+    assert torch.tensor(2.0**-140).item() > 0  # FMT-RANGE's smallest subnormal, not flushed
+    assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert tf32.tf32_flags()["cuda.matmul.allow_tf32"] is False
+    assert not torch.are_deterministic_algorithms_enabled() and torch.get_num_threads() == 1
+"""
+LEAKING_PAIR = """
+@pytest.mark.claim("FMT-BITS")
+def test_leaks_{name}(record):
+    {code}
+    record.verdict("FMT-BITS", "confirmed", "5 + 10 bits")
+
+@pytest.mark.claim("FMT-RANGE")
+def test_after_{name}(record):
+    assert_as_before()
+    record.verdict("FMT-RANGE", "confirmed", "2**-140 kept")
+"""
+LEAKING = LEAKING_HEAD + "".join(
+    LEAKING_PAIR.format(name=name, code=code) for name, (code, _) in LEAKS.items()
+)
+
+
+def test_a_test_that_leaves_torch_state_changed_fails_naming_it_and_the_next_passes(pytester):
+    result = run(pytester, LEAKING)
+    result.assert_outcomes(failed=len(LEAKS), passed=len(LEAKS))
+    result.stdout.fnmatch_lines_random(
+        [f"*test_leaks_{name} left torch's global state changed: {said}*Put back for the tests "
+         "after it*try/finally" for name, (_, said) in LEAKS.items()]
+    )  # fmt: skip
+    records = {r["test"].split("::")[1]: r for r in journal_records(pytester)}
+    for name in LEAKS:
+        assert records[f"test_leaks_{name}"]["outcome"] == "failed"
+        assert "left torch's global state changed" in records[f"test_leaks_{name}"]["message"]
+        assert records[f"test_after_{name}"]["outcome"] == "passed"
+    # Recorded with every test: the state it started under, the precision flags among it.
+    params = records["test_after_threads"]["params"]
+    assert params["precision.float32_matmul_precision"] == "highest"
+    assert params["torch.default_dtype"] == "torch.float32" and params["torch.threads"] == "1"
+
+
+FIXTURES_AND_CONTROLS = """
+import pytest
+import torch
+
+@pytest.fixture
+def float64_for_this_test():
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)
+
+@pytest.fixture
+def float64_left_behind():
+    torch.set_default_dtype(torch.float64)
+    yield
+
+@pytest.mark.claim("FMT-BITS")
+def test_changes_and_restores(record):
+    torch.set_flush_denormal(True)
+    try:
+        flushed = torch.tensor(2.0**-140).item()
+    finally:
+        torch.set_flush_denormal(False)
+    with torch.autocast("cpu", dtype=torch.float16), torch.no_grad():
+        record.verdict("FMT-BITS", "confirmed", f"2**-140 -> {flushed} flushed")
+
+@pytest.mark.claim("FMT-BYTES")
+def test_with_a_fixture_that_restores(record, float64_for_this_test):
+    assert torch.get_default_dtype() == torch.float64
+    record.verdict("FMT-BYTES", "confirmed", "8 bytes a float64")
+
+@pytest.mark.claim("FMT-RANGE")
+def test_with_a_fixture_that_leaks(record, float64_left_behind):
+    record.verdict("FMT-RANGE", "confirmed", "65504 max")
+
+@pytest.mark.claim("NUM-UNDERFLOW")
+def test_after(record):
+    assert torch.get_default_dtype() == torch.float32
+    record.verdict("NUM-UNDERFLOW", "confirmed", "2**-25 -> 0")
+"""
+
+
+def test_state_changed_and_put_back_passes_and_a_fixture_that_leaks_errors(pytester):
+    result = run(pytester, FIXTURES_AND_CONTROLS)
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*ERROR at teardown of test_with_a_fixture_that_leaks*",
+         "*test_with_a_fixture_that_leaks left torch's global state changed by a fixture: "
+         "torch.default_dtype: torch.float32 -> torch.float64. Put back*"]
+    )  # fmt: skip
+    outcomes = {r["test"].split("::")[1]: r["outcome"] for r in journal_records(pytester)}
+    assert outcomes["test_with_a_fixture_that_leaks"] == "error"
+    assert outcomes["test_after"] == outcomes["test_with_a_fixture_that_restores"] == "passed"
+
+
+# --- item 3: a reports folder deleted during the session ---
+
+DELETES_ITS_REPORTS = """
+import pathlib, shutil
+import pytest
+
+@pytest.mark.claim("FMT-BITS")
+def test_before(record):
+    record.verdict("FMT-BITS", "confirmed", "5 + 10 bits")
+
+@pytest.mark.claim("FMT-BYTES")
+def test_deletes(record):
+    {delete}
+    record.verdict("FMT-BYTES", "confirmed", "2 bytes against 4")
+
+@pytest.mark.claim("FMT-RANGE")
+def test_after(record):
+    record.verdict("FMT-RANGE", "partly", "5.96e-08 to 65504")
+"""
+
+
+@pytest.mark.parametrize(
+    "delete", ['shutil.rmtree("reports")', 'pathlib.Path("reports/journal.jsonl").unlink()'],
+    ids=["folder", "journal"],
+)  # fmt: skip
+def test_a_reports_folder_deleted_midway_keeps_every_record_under_its_session(pytester, delete):
+    from harness.records.journal import Journal
+
+    result = run(pytester, DELETES_ITS_REPORTS.format(delete=delete))
+    assert result.ret == pytest.ExitCode.OK
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(
+        ["*journal.jsonl vanished during this session (deleted, or its folder with it) and was "
+         "created again: the session entry first, then 1 record(s) this process had recorded "
+         "before written again: scenarios/test_scn.py::test_before; what it held of earlier "
+         "sessions is gone"]
+    )  # fmt: skip
+    path = pytester.path / "reports" / "journal.jsonl"
+    entries = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [e["type"] for e in entries] == ["session", "record", "record", "record", "session_end"]
+    assert len({e["session_id"] for e in entries}) == 1
+    assert entries[-1]["counts"] == {"passed": 3}
+    (session,) = Journal(path).sessions().values()  # read as any reader reads it, `sync` too
+    assert sorted(r.test.split("::")[1] for r in session.records) == [
+        "test_after", "test_before", "test_deletes"]  # fmt: skip

@@ -319,10 +319,10 @@ def test_the_power_limit_comes_from_nvml_where_the_driver_has_it(monkeypatch):
 # --- the fingerprint records the precision switches a result depends on ------------------------
 
 
-def test_the_fingerprint_records_the_reduced_precision_switches(monkeypatch):
+def test_the_fingerprint_records_the_reduced_precision_switches():
     from pathlib import Path
 
-    from harness.records import fingerprint
+    from harness.records import fingerprint, torch_state
 
     cpu = devices.probe("cpu")
     matmul = torch.backends.cuda.matmul
@@ -332,19 +332,19 @@ def test_the_fingerprint_records_the_reduced_precision_switches(monkeypatch):
         fp: not getattr(matmul, f"allow_{fp}_reduced_precision_reduction")
         for fp in ("fp16", "bf16")
     }
-    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "medium")
+    saved = torch_state.snapshot()
     try:  # torch's switches are properties of a module object: set and restore them by hand
+        torch.set_float32_matmul_precision("medium")
         for fp, value in flipped.items():
             setattr(matmul, f"allow_{fp}_reduced_precision_reduction", value)
         after = fingerprint.collect(cpu, Path.cwd())
     finally:
-        for fp, value in flipped.items():
-            setattr(matmul, f"allow_{fp}_reduced_precision_reduction", not value)
+        assert torch_state.restore(saved) == []
     for fp, value in flipped.items():
         assert (before[key.format(fp)], after[key.format(fp)]) == (str(not value), str(value))
     assert after["precision.float32_matmul_precision"] == "medium"
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
-        assert after["precision.cuda.matmul.fp32_precision"] == str(matmul.fp32_precision)
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9: "medium" is tf32
+        assert after["precision.cuda.matmul.fp32_precision"] == "tf32"
 
 
 # --- the table against what the committed baselines measured ------------------------------------

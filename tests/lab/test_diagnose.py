@@ -437,3 +437,72 @@ def test_verify_shorter_than_the_quick_look_is_an_error(capsys):
     code = main(["diagnose", "harness.lab.diagnose_examples:mlp", "--device", "cpu", "--steps", "8",
                  "--verify", "4", "--no-mlflow"])  # fmt: skip
     assert code == 2 and "--verify 4: at least --steps (8) steps" in capsys.readouterr().err
+
+
+NO_DATA = """
+import torch
+from torch import nn
+from harness.lab.diagnose import Subject
+
+BATCH = (torch.ones(4, 4), torch.zeros(4, dtype=torch.long))
+LOSS = nn.functional.cross_entropy
+
+def meta():
+    return Subject(nn.Linear(4, 4, device="meta"), [BATCH] * 8, LOSS)
+
+def partly_meta():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4, device="meta"))
+    return Subject(model, [BATCH] * 8, LOSS)
+
+def lazy():
+    return Subject(nn.LazyLinear(4), [BATCH] * 8, LOSS)
+
+class Doubles(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+def no_parameters():
+    return Subject(Doubles(), [BATCH] * 8, LOSS)
+
+def frozen():
+    return Subject(nn.Linear(4, 4).requires_grad_(False), [BATCH] * 8, LOSS)
+
+def meta_batches():
+    return Subject(nn.Linear(4, 4), [(torch.ones(4, 4, device="meta"), BATCH[1])] * 8, LOSS)
+"""
+NO_DATA_CASES = [
+    (
+        "meta",
+        "its model has tensors on the meta device (weight, bias: 2 of its 2 parameters and "
+        "buffers): shapes without data, nothing to train. Fix: materialise the model before "
+        'returning it, model.to_empty(device="cpu") then initialise it',
+    ),
+    ("partly_meta", "on the meta device (1.weight, 1.bias: 2 of its 4 parameters and buffers)"),
+    (
+        "lazy",
+        "its model's parameters are not initialised yet (weight, bias: a Lazy module's, shaped by "
+        "its first forward): they hold no data. Fix: run one forward",
+    ),
+    ("no_parameters", "its model (Doubles) has no parameters: nothing to train"),
+    ("frozen", "none of its model's 2 parameters requires a gradient (requires_grad=False)"),
+    ("meta_batches", "batch 0 holds tensors on the meta device: shapes without data. Fix: "),
+]
+
+
+@pytest.mark.parametrize(("name", "says"), NO_DATA_CASES, ids=[c[0] for c in NO_DATA_CASES])
+def test_a_model_without_data_to_train_is_one_line_naming_the_factory_and_the_fix(
+    tmp_path, monkeypatch, capsys, name, says
+):
+    """A model built on the meta device (as large models are, before their weights load)
+    ended in a 25-line traceback from the first step's finiteness check; a Lazy module's in
+    another; no parameters or none to train, in torch's words from inside the optimizer."""
+    (tmp_path / "user_no_data.py").write_text(NO_DATA)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = f"user_no_data:{name}"
+    code = main(["diagnose", spec, "--device", "cpu", "--steps", str(STEPS), "--no-mlflow"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"amp-harness: error: factory {spec!r}: ") and err.count("\n") == 1
+    assert says in err and "Fix: " in err, err
+    assert not (tmp_path / "reports").exists()  # nothing written for a factory that failed

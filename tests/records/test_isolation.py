@@ -173,3 +173,33 @@ def test_ctrl_c_ends_the_open_runs_as_killed_and_a_rerun_starts_clean(pytester):
     experiment = client.get_experiment_by_name("amp-harness")
     after = sorted(r.info.status for r in client.search_runs([experiment.experiment_id]))
     assert after == ["FINISHED", "FINISHED", "KILLED", "KILLED"]  # the new session and its test
+
+
+LEAKS = """
+import pytest
+import torch
+
+@pytest.mark.isolated
+@pytest.mark.claim("FMT-BITS")
+def test_leaks(record):
+    torch.set_default_dtype(torch.float16)
+    record.verdict("FMT-BITS", "confirmed", "5 + 10 bits")
+"""
+
+
+@pytest.mark.slow
+def test_a_test_that_leaves_torch_state_changed_fails_in_its_isolated_worker(pytester):
+    pytester.makepyfile(**{"scenarios/test_leak": LEAKS})
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_inprocess(
+        "scenarios", "--amp-device=cpu", "--no-mlflow", "-p", "no:cacheprovider",
+        f"--amp-reports={reports}",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*test_leaks left torch's global state changed: torch.default_dtype: torch.float32 -> "
+         "torch.float16*"]
+    )  # fmt: skip
+    (entry,) = [e for e in journal(reports) if e["type"] == "record"]
+    assert entry["record"]["outcome"] == "failed"
+    assert entry["record"]["params"]["torch.default_dtype"] == "torch.float32"  # from the worker

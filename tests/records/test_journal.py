@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import sys
 import time
 import warnings
@@ -248,9 +249,11 @@ def test_a_session_entry_a_reader_cannot_use_is_skipped_and_its_records_said(
     assert any(re.search(rf"journal.jsonl:4: .*cannot use: {message}", s) for s in said), said
     assert list(sessions)[0] == "before" and list(sessions)[-1] == "after"
     assert all(len(s.records) == 1 for s in sessions.values())
-    if left_out:  # the record of the session whose entry is unusable: named, not hidden
-        assert any("left out 1 entries of sessions whose session entry is missing or unusable "
-                   "(lines 5)" in s for s in said), said  # fmt: skip
+    if left_out:  # the record of the session whose entry is unusable: read, and named
+        assert any("read 1 records of sessions whose session entry is missing or unusable "
+                   "(lines 5) under a session rebuilt" in s for s in said), said  # fmt: skip
+        assert list(sessions) == ["before", "s", "after"]
+        assert sessions["s"].entry["rebuilt"]
     else:
         assert sessions["s"].end is None
 
@@ -545,3 +548,146 @@ def test_a_damaged_index_costs_a_full_reading_and_nothing_else(tmp_path, damage)
     found = {sid: (s.entry, s.end, [r.to_dict() for r in s.records])
              for sid, s in journal.sessions().items()}  # fmt: skip
     assert found == expected
+
+
+# --- "Nothing lost, round 3", item 3: a journal deleted while its session runs, and records
+# whose session entry is missing ---
+
+
+def session_entry(sid: str) -> dict:
+    return {"type": "session", "session_id": sid, "name": f"session {sid}",
+            "started": time.time(), "args": [], "fingerprint": {"device": "cpu"}}  # fmt: skip
+
+
+def record_entry(tmp_path: Path, sid: str, index: int) -> dict:
+    return {"type": "record", "session_id": sid, "record": record(tmp_path, index).to_dict()}
+
+
+def lines_of(journal: Journal) -> list[tuple]:
+    """Each entry as (type, test index or None)."""
+    entries = map(json.loads, journal.path.read_text(encoding="utf-8").splitlines())
+    return [(e["type"], e["record"]["test"][-1] if "record" in e else None) for e in entries]
+
+
+def test_records_whose_session_entry_is_missing_are_read_under_a_rebuilt_session(tmp_path):
+    # What a journal deleted mid-session used to become: the later records, no session entry.
+    journal = Journal(tmp_path / "journal.jsonl")
+    for index in (1, 2):
+        journal.append(record_entry(tmp_path, "0123456789abcdef", index))
+    journal.append({"type": "session_end", "session_id": "gone", "ended": 0.0,
+                    "exitstatus": 0, "counts": {}})  # fmt: skip
+    write_session(journal, tmp_path, "next", tests=1)
+
+    with pytest.warns(UserWarning) as caught:
+        sessions = journal.sessions()
+    said = [str(w.message) for w in caught]
+    assert list(sessions) == ["0123456789abcdef", "next"]
+    rebuilt = sessions["0123456789abcdef"]
+    assert [r.test[-1] for r in rebuilt.records] == ["1", "2"]
+    assert rebuilt.entry["rebuilt"] and rebuilt.entry["name"].startswith("session 01234567 (")
+    assert rebuilt.entry["started"] == rebuilt.records[0].started and rebuilt.end is None
+    assert any("read 2 records of sessions whose session entry is missing or unusable (lines 1, "
+               "2) under a session rebuilt" in s for s in said), said  # fmt: skip
+    assert any("left out 1 session ends" in s and "(lines 3)" in s for s in said), said
+
+
+def test_a_session_entry_written_after_its_records_takes_them(tmp_path):
+    """A journal re-created by a process of the session whose entry another one writes later
+    (an xdist controller, at its end): one session, its own entry, nothing said."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    journal.append(record_entry(tmp_path, "s", 1))
+    journal.append(session_entry("s"))
+    journal.append(record_entry(tmp_path, "s", 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sessions = journal.sessions()
+    assert list(sessions) == ["s"] and "rebuilt" not in sessions["s"].entry
+    assert [r.test[-1] for r in sessions["s"].records] == ["1", "2"]
+
+
+@pytest.mark.slow
+def test_sync_sends_the_records_of_a_rebuilt_session(tmp_path, empty_store):
+    from tracked import runs, store_in
+
+    from harness.records.tracking import MlflowSink
+
+    journal = Journal(tmp_path / "journal.jsonl")
+    for index in (1, 2):
+        journal.append(record_entry(tmp_path, "lost", index))
+    uri = store_in(tmp_path, empty_store)
+    with pytest.warns(UserWarning, match="rebuilt"):
+        counts = MlflowSink(uri, reports=tmp_path).sync(journal)
+    assert (counts["sessions"], counts["records_sent"]) == (1, 2)
+    kinds = sorted(r.data.tags["amp.kind"] for r in runs(uri))
+    assert kinds == ["session", "test", "test"]
+    (parent,) = [r for r in runs(uri) if r.data.tags["amp.kind"] == "session"]
+    assert "not its session entry" in parent.data.tags["amp.rebuilt"]  # said in MLflow too
+
+
+@pytest.mark.parametrize("deleted", ["journal", "folder"])
+def test_a_kept_journal_deleted_between_appends_is_made_again_session_entry_first(
+    tmp_path, deleted
+):
+    journal = Journal(tmp_path / "reports" / "journal.jsonl")
+    journal.check_writable()
+    journal.keep(session_entry("s"))
+    journal.append(session_entry("s"))
+    for index in (0, 1):
+        journal.append(record_entry(tmp_path, "s", index))
+    assert not journal.vanished()
+    if deleted == "journal":
+        journal.path.unlink()
+    else:
+        shutil.rmtree(journal.path.parent)
+    assert journal.vanished()
+
+    journal.append(record_entry(tmp_path, "s", 2))
+    assert lines_of(journal) == [("session", None), ("record", "0"), ("record", "1"),
+                                 ("record", "2")]  # fmt: skip
+    (said,) = journal.rewritten
+    assert said == (
+        f"{journal.path} vanished during this session (deleted, or its folder with it) and was "
+        "created again: the session entry first, then 2 record(s) this process had recorded "
+        "before written again: scenarios/test_x.py::test_0, scenarios/test_x.py::test_1; what "
+        "it held of earlier sessions is gone"
+    )
+    journal.append({"type": "session_end", "session_id": "s", "ended": 0.0, "exitstatus": 0,
+                    "counts": {"passed": 3}})  # fmt: skip
+    assert lines_of(journal)[-1] == ("session_end", None) and len(lines_of(journal)) == 5
+    assert len(journal.rewritten) == 1  # the journal made again is the one kept from then on
+    journal.close()
+
+
+def test_the_processes_of_one_session_make_a_deleted_journal_again_once(tmp_path):
+    """pytest-xdist: each worker keeps its own records and the session entry; the first to
+    notice writes the entry, each writes its own records, the controller adds nothing twice."""
+    path = tmp_path / "reports" / "journal.jsonl"
+    controller, one, two = (Journal(path) for _ in range(3))
+    controller.check_writable()
+    for journal in (controller, one, two):
+        journal.keep(session_entry("s"))
+    controller.append(session_entry("s"))
+    one.append(record_entry(tmp_path, "s", 1))
+    two.append(record_entry(tmp_path, "s", 2))
+    shutil.rmtree(path.parent)
+
+    one.append(record_entry(tmp_path, "s", 3))
+    two.write_kept()  # a worker's end: nothing more to append, its records kept all the same
+    two.write_kept()  # and only once
+    controller.append({"type": "session_end", "session_id": "s", "ended": 0.0, "exitstatus": 0,
+                       "counts": {"passed": 3}})  # fmt: skip
+    assert lines_of(controller) == [("session", None), ("record", "1"), ("record", "3"),
+                                    ("record", "2"), ("session_end", None)]  # fmt: skip
+    assert [len(j.rewritten) for j in (controller, one, two)] == [1, 1, 1]
+    assert "created again: 0 record(s)" in controller.rewritten[0]
+    for journal in (controller, one, two):
+        journal.close()
+
+
+def test_a_journal_whose_folder_is_gone_is_an_error_naming_it_when_not_kept(tmp_path):
+    """A journal no session keeps (a reader's, a tool's) is not made again behind its back."""
+    journal = Journal(tmp_path / "gone" / "journal.jsonl")
+    with pytest.raises(HarnessError, match=r"cannot append to the journal .*gone/journal.jsonl: "
+                       r"No such file or directory\. Fix: make .*gone writable"):  # fmt: skip
+        journal.append(session_entry("s"))
+    assert not journal.path.parent.exists()

@@ -262,6 +262,8 @@ def test_a_rebuild_replaces_the_report_and_never_a_foreign_folder(store, tmp_pat
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
     with pytest.raises(HarnessError, match="--name '../x'"):
         report.report_dir(store, "../x")
+    with pytest.raises(HarnessError, match="--name 'report\\\\n'"):  # `$` let a final line break by
+        report.report_dir(store, "report\n")
 
 
 def test_a_missing_store_or_experiment_says_what_to_do(store, tmp_path):
