@@ -4,9 +4,10 @@ Imports only harness.common. A scenario author's import surface is this package:
 `from harness.lab import devices, models, probes, recipes, train` (docs/writing-a-scenario.md).
 
 - precision and hardware: `recipes` (the unit of comparison), `tf32`, `devices` (capabilities
-  probed at run time), `gpus` (the datasheet table), `formats`, `releases` (behaviour that
-  changed between torch releases);
-- workloads: `models`, `data`, `train` (the training loop);
+  probed at run time), `hardware` (the CPU class and kernels in force, a GPU's facts), `gpus`
+  (the datasheet table), `formats`, `releases` (behaviour that changed between torch releases);
+- workloads: `models`, `data`, `train` (the training loop), `loops` (loops of several shapes
+  observed step by step, and a claim decided over them);
 - instruments: `probes`, `measure` (timing and memory), `stats`, `memory_model`, `speedups`,
   `smoke`, `figures` (curves a scenario attaches to its record), `distributed` (gloo ranks);
 - `diagnose*`: the pitfalls measured on a user's own model;

@@ -54,6 +54,19 @@ def _batch_norm_without_half(monkeypatch):
     monkeypatch.setattr(torch.nn.BatchNorm1d, "forward", without_half)
 
 
+def _refuse_fused_optimizers(monkeypatch):
+    """fused=True refused by SGD, Adam and AdamW, as a build without their fused kernels does."""
+    for kind in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
+
+        def refusing(self, *args, fused=None, _init=kind.__init__, **kwargs):
+            if fused:
+                raise RuntimeError("`fused=True` requires all the params to be floating point "
+                                   "Tensors of supported devices: [].")  # fmt: skip
+            _init(self, *args, fused=fused, **kwargs)
+
+        monkeypatch.setattr(kind, "__init__", refusing)
+
+
 BREAKS = {
     "fp16_autocast": lambda mp: mp.setattr(torch, "autocast", _autocast_ignoring(torch.float16)),
     "bf16_autocast": lambda mp: mp.setattr(torch, "autocast", _autocast_ignoring(torch.bfloat16)),
@@ -61,6 +74,7 @@ BREAKS = {
     "half_training": _batch_norm_without_half,
     "gloo": lambda mp: mp.setattr(torch.distributed, "is_gloo_available", lambda: False),
     "fsdp2": lambda mp: mp.delattr(torch.distributed.fsdp, "fully_shard"),
+    "fused_optimizers": _refuse_fused_optimizers,
 }
 # (capability, scenario module, -k, the tests that need it, their claims, what the probe saw)
 CASES = [
@@ -70,6 +84,7 @@ CASES = [
     ("half_training", "test_formats.py", "", 1, ["NUM-OVERFLOW"], "RuntimeError"),
     ("gloo", "test_distributed.py", "world2", 5, ["PIT3-ZERO-ALL"], "answered False"),
     ("fsdp2", "test_distributed.py", "fsdp2 and world2", 1, ["PIT3-CHECK"], "ImportError"),
+    ("fused_optimizers", "test_loop_shapes.py", "fused", 1, ["SCL-STEP-UNSCALES"], "RuntimeError"),
 ]
 
 
@@ -141,6 +156,7 @@ def gpu(cc: tuple[int, int], **probes: bool) -> DeviceInfo:
         ((6, 1), "grad_scaler", True, "capability regression: a working torch.amp.GradScaler*"),
         ((9, 0), "fp8_matmul", True, "capability regression: an fp8 matmul*sm_90*"),
         ((8, 0), "fp8_matmul", False, "needs an fp8 matmul*older than compute capability 8.9*"),
+        ((6, 1), "fused_optimizers", True, "capability regression: fused=True SGD, Adam*"),
     ],
 )
 def test_cuda_expectations_follow_the_compute_capability(cc, need, regression, reason):
