@@ -15,6 +15,7 @@ from harness.catalogue import claims, verdicts
 from harness.common import shown
 from harness.common.errors import HarnessError
 from harness.records.journal import JOURNAL_NAME, Journal
+from harness.records.journal_index import short_id
 from harness.records.tracking import (
     ARTIFACTS_NAME,
     DB_NAME,
@@ -43,11 +44,28 @@ def _run(args: argparse.Namespace, pytest_args: list[str]) -> int:
             f"no scenario folder {args.scenarios!r} here: run from the repository root or pass "
             "--scenarios DIR"
         )
-    code = pytest.main([args.scenarios, f"--amp-reports={args.reports}", *pytest_args])
+    ran = _SessionId()
+    code = pytest.main([args.scenarios, f"--amp-reports={args.reports}", *pytest_args],
+                       plugins=[ran])  # fmt: skip
     journal = Path(args.reports) / JOURNAL_NAME
     print(NEXT_STEPS.format(port=5000, journal=journal))
     _report_after_run(args.reports, pytest_args)
+    if ran.id:  # the last line: what `compare`, `baseline save --session` and `sessions` name
+        sid = short_id(ran.id)
+        print(f"session {sid}: compare it with another, `amp-harness compare ID {sid}`; every "
+              "session: `amp-harness sessions`")  # fmt: skip
     return int(code)
+
+
+class _SessionId:
+    """A pytest plugin that notes the id of the session the plugin recorded (None: none)."""
+
+    id: str | None = None
+
+    def pytest_unconfigure(self, config) -> None:
+        from harness.plugin import session_id
+
+        self.id = session_id(config)
 
 
 def _report_after_run(reports: str, pytest_args: list[str]) -> None:
@@ -215,25 +233,21 @@ def _claims_table(title: str, rows: list[dict]) -> None:
 
 
 def _claim_blocks(title: str, rows: list[dict], width: int, encoding: str | None) -> str:
-    """Each claim as a block that wraps at `width` (the terminal's; 80 in a log): its ID and
-    last verdict on one line, then its statement, source and tests, indented. Every text is data
-    (shown.visible: a project's `[/bold]` or ESC written out) in what `encoding` can show
-    (`\u4e2d` on an ASCII terminal)."""
-    import textwrap
+    """Each claim as a block that wraps at `width` (the terminal's; 80 in a log): its ID, last
+    verdict and source on one line, then its statement and tests, indented; three lines a claim
+    at 80 columns for most (a blank line and a line for the source made it 6 to 8). Every text
+    is data (shown.visible: a project's `[/bold]` or ESC written out) in what `encoding` can
+    show (`\u4e2d` on an ASCII terminal)."""
+    from harness.reports.table import indented
 
     def lines(text: str, indent: str = "  ") -> list[str]:
-        text = shown.for_encoding(shown.visible(str(text)), encoding)
-        return textwrap.wrap(
-            text, width, initial_indent=indent, subsequent_indent=indent + "  "
-        ) or [indent]
+        return indented(shown.for_encoding(shown.visible(str(text)), encoding), width, indent)
 
     out = lines(title, "") + [""]
     for row in rows:
-        out += lines(f"{row['id']}  {row['shown_verdict']}", "")
+        out += lines(f"{row['id']}  {row['shown_verdict']}  source: {row['source']}", "")
         out += lines(row["statement"])
-        out += lines(f"source: {row['source']}")
         out += lines(f"tests: {', '.join(row['shown_tests'])}")
-        out.append("")
     return "\n".join(out)
 
 
@@ -301,6 +315,51 @@ def _fraction(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r}: the threshold must be above 0")
     return value
+
+
+def _count(text: str) -> int:
+    """--last: a whole number, 0 or more."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number, 0 or more (0: all)")
+    return int(text)
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    """The journal's sessions, oldest first (the last --last N), read from its index: a table on
+    a wide terminal, two lines a session elsewhere (a log, a pipe, 80 columns)."""
+    import shutil
+
+    from harness.reports import sessions, table
+
+    reports = Path(args.reports)
+    if not reports.is_dir():
+        raise HarnessError(
+            f"--reports {args.reports}: no such folder ({reports.resolve()}): give the folder a "
+            "session recorded into (`amp-harness run --reports DIR`, pytest's --amp-reports "
+            "DIR), e.g. --reports reports"
+        )
+    journal = Journal(reports / JOURNAL_NAME)
+    found = sessions.rows(journal.index())
+    chosen = found[-args.last :] if args.last else found
+    if args.json:
+        print(json.dumps([row.to_json() for row in chosen], ensure_ascii=False, indent=1))
+        return 0
+    if not found:
+        print(f"no session recorded in {journal.path} yet: `amp-harness run` records one")
+        return 0
+    title = f"{len(found)} session{'s' if len(found) != 1 else ''} in {journal.path}, oldest first"
+    if len(chosen) < len(found):
+        title += f"; the last {len(chosen)} (--last 0: every one)"
+    width = shutil.get_terminal_size((80, 24)).columns
+    if sys.stdout.isatty() and width >= table.TABLE_WIDTH:
+        from rich.console import Console
+
+        Console().print(sessions.grid(chosen, title))
+    else:
+        title_lines = table.indented(shown.visible(title), width, "", whole_words=True)
+        text = "\n".join([*title_lines, *sessions.blocks(chosen, width)])
+        print(shown.for_encoding(text, sys.stdout.encoding))
+    return 0
 
 
 def _sync(args: argparse.Namespace) -> int:
@@ -548,6 +607,7 @@ def _new(args: argparse.Namespace) -> int:
         claim_id=claim_id,
         statement=statement,
         source=args.source,
+        expected=args.expected,
     )
     print(
         f"wrote {path}: a working scenario of claim {claim.id}, added to "
@@ -698,6 +758,17 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit 1 when a verdict changed or a metric change is flagged",
     )
+    sessions = command(
+        "sessions", "the recorded sessions: id, start, commit, hardware class, complete or partial"
+    )
+    sessions.add_argument(
+        "--last",
+        type=_count,
+        default=20,
+        metavar="N",
+        help="the last N sessions (default 20; 0: every one)",
+    )
+    sessions.add_argument("--json", action="store_true", help="print JSON instead of lines")
     ui = command("ui", "start the MLflow UI on the embedded store")
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     ui.add_argument("--port", type=int, default=5000)
@@ -719,6 +790,12 @@ def parser() -> argparse.ArgumentParser:
         default="team decision",
         help="where the claim comes from: a paper, an issue, a URL (default: team decision)",
     )
+    new.add_argument(
+        "--expected",
+        choices=claims.VERDICTS,
+        default=None,
+        help="the verdict the team expects for the claim: the verdict table flags another",
+    )
     diag = command(
         "diagnose",
         "train a few steps of your model under every recipe and say which are safe, and why",
@@ -726,7 +803,7 @@ def parser() -> argparse.ArgumentParser:
     diag.add_argument(
         "factory",
         metavar="MODULE:FUNCTION",
-        help="a function returning (model, batches, loss), e.g. harness.lab.diagnose_examples:mlp "
+        help="a function returning (model, batches, loss), e.g. harness.lab.diagnose.examples:mlp "
         "(docs/diagnose.md)",
     )
     diag.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -781,6 +858,7 @@ def main(argv: list[str] | None = None) -> int:
         "new": _new,
         "validate": _validate,
         "diagnose": _diagnose,
+        "sessions": _sessions,
     }
     try:
         return _run(args, rest) if args.command == "run" else handlers[args.command](args)

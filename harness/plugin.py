@@ -36,10 +36,11 @@ from harness.common.errors import HarnessError
 from harness.lab import devices, hardware
 from harness.records import environments, fingerprint, isolation, stopsignals, torch_state, warned
 from harness.records.journal import JOURNAL_NAME, Journal
-from harness.records.record import Record
+from harness.records.journal_index import short_id
+from harness.records.record import SCENARIO_DIGEST, Record
 from harness.records.tracking import DEFAULT_EXPERIMENT, MlflowSink, Running, redact, resolve_uri
 from harness.reports import baseline, compare
-from harness.reports.table import cap, render, summary
+from harness.reports.table import cap, counts_line, for_terminal, indented
 
 WORKER_FLAG = "--amp-worker-output"
 _STATE = pytest.StashKey["AmpSession"]()
@@ -128,6 +129,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "the project's claim catalogue, relative to rootdir (default: amp_scenarios/claims.toml)",
         default="",
     )
+    parser.addini(
+        "amp_capabilities",
+        "the project's own capabilities, relative to rootdir (default: "
+        "amp_scenarios/capabilities.py)",
+        default="",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -160,6 +167,7 @@ class AmpSession:
     journal_down: str = ""  # why the journal could not be appended to: the session stopped
     workers_rewrote: list[str] = field(default_factory=list)  # a vanished journal re-created
     selected: set[str] = field(default_factory=set)  # scenario tests this session set out to run
+    end: dict | None = None  # the journal's session_end entry, once the session ended
     deselected: int = 0  # scenario tests deselected (-k, -m, --deselect, --lf, ...)
 
     def is_scenario(self, path: Path) -> bool:
@@ -180,7 +188,9 @@ class AmpSession:
                 if xdist.get("amp_parent_run"):
                     self.sink.adopt_parent(self.entry, xdist["amp_parent_run"])
             return
-        facts = fingerprint.collect(self.device, self.config.rootpath)
+        facts = fingerprint.collect(
+            self.device, self.config.rootpath, (self.scenarios, claims.project_path())
+        )
         self.open_baseline(facts)  # a bad baseline stops the session before anything is recorded
         uri = None
         if not self.config.getoption("no_mlflow"):  # a bad URI, too
@@ -350,12 +360,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(stopsignals.as_ctrl_c())  # SIGTERM, SIGHUP: as Ctrl-C
     try:
         _hold_cpu_class(config.getoption("amp_cpu_class"))
-        device = devices.resolve(config.getoption("amp_device"))
+        device = devices.with_team_capabilities(
+            devices.resolve(config.getoption("amp_device")),
+            config.rootpath
+            / (config.getini("amp_capabilities") or Path(scenarios, devices.TEAM_CAPABILITIES)),
+        )
         catalogue()  # a malformed catalogue stops the session here, with its file and field
     except HarnessError as exc:
         raise pytest.UsageError(str(exc)) from None
     reports = Path(config.getoption("amp_reports") or config.rootpath / "reports")
     config.stash[_STATE] = AmpSession(config, device, reports.resolve(), scenarios)
+    config.pluginmanager.register(_LastLines(config), "amp-harness-last-lines")
 
 
 def _hold_cpu_class(level: str | None) -> None:
@@ -505,6 +520,13 @@ def _state(config: pytest.Config) -> AmpSession:
     return config.stash[_STATE]
 
 
+def session_id(config: pytest.Config) -> str | None:
+    """The id of the session `config` recorded (`amp-harness run` prints it last); None where it
+    recorded none (nothing collected, a usage error)."""
+    state = config.stash.get(_STATE, None)
+    return state.entry["session_id"] if state and state.entry and not state.shared else None
+
+
 def _claim_ids(item: pytest.Item) -> list[str] | None:
     markers = list(item.iter_markers("claim"))
     if not markers:
@@ -611,6 +633,7 @@ def _new_record(item: pytest.Item, state: AmpSession) -> Record:
     depends = follows | timing
     if depends:
         record.depends_on_hardware(*sorted(depends))
+    record.param(**{SCENARIO_DIGEST: fingerprint.file_digest(item.path)})
     return record
 
 
@@ -723,16 +746,10 @@ def pytest_runtest_call(item: pytest.Item):
 
 
 def _keep_torch_warnings(record: Record, kept: list[str]) -> None:
-    """In the record: a count, the messages (a param), and a sentence after each verdict's
-    evidence, so that the verdict is read knowing torch warned."""
-    record.metric(torch_warnings=len(kept))
-    record.param(torch_warnings=cap(" | ".join(kept), "left out", chars=warned.PARAM_CHARS))
-    more = f" (and {len(kept) - 1} more, in the param torch_warnings)" if len(kept) > 1 else ""
-    for verdict in record.verdicts.values():
-        verdict.evidence += (
-            f" [torch {torch.__version__} warned during this test, recorded and not fatal: "
-            f"{kept[0]}{more}]"
-        )
+    """In the record, in fields of their own: a count (the metric) and the messages (the
+    param), never in a verdict's evidence, which says what the scenario measured."""
+    record.metric(**{warned.FIELD: len(kept)})
+    record.param(**{warned.FIELD: cap(" | ".join(kept), "left out", chars=warned.PARAM_CHARS)})
 
 
 @pytest.hookimpl(wrapper=True)
@@ -846,17 +863,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     writer = terminalreporter._tw
     records = state.session_records()
     if records:
-        show = render if config.getoption("verbose") > 0 else summary  # -v: the full evidence
         # The terminal's own encoding: pytest escapes a whole text it cannot encode (the table
         # on one line, with literal \n), so the table is made for it.
         encoding = getattr(getattr(writer, "_file", None), "encoding", None)
-        terminalreporter.write(show(records, writer.fullwidth, writer.hasmarkup, encoding))
+        terminalreporter.write(for_terminal(
+            records, writer.fullwidth, writer.hasmarkup, encoding,
+            verbose=config.getoption("verbose") > 0, tty=bool(terminalreporter.isatty()),
+        ))  # fmt: skip
     terminalreporter.write_line(f"journal: {state.journal.path}")
     for record in records:
-        if "torch_warnings" in record.params:
+        if warned.FIELD in record.params:
             terminalreporter.write_line(
                 f"torch warned in {record.test} (recorded with it, not fatal): "
-                + shown.visible(cap(record.params["torch_warnings"], "in its record", 300, 1)),
+                + shown.visible(cap(record.params[warned.FIELD], "in its record", 300, 1)),
                 yellow=True,
             )
     for message in dict.fromkeys(state.journal_warnings):
@@ -888,6 +907,46 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line(f"MLflow: {note}")
     if state.baseline is not None:
         _write_comparison(terminalreporter, state)
+
+
+class _LastLines:
+    """The session's last lines, after pytest's short test summary (its wrapper's `finally`;
+    this one is outermost): the tail of a CI log says the counts, the session's id and where
+    its report is."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_terminal_summary(self, terminalreporter):
+        try:
+            return (yield)
+        finally:
+            state = _state(self.config)
+            if state.entry is not None and not state.shared:
+                width = terminalreporter._tw.fullwidth
+                for line in _last_lines(state):
+                    for wrapped in indented(shown.visible(line), width, "", whole_words=True):
+                        terminalreporter.write_line(wrapped)  # paths and commands to copy
+
+
+def _last_lines(state: AmpSession) -> list[str]:
+    """The counts, the session's id and whether it ran the whole suite, how to find and compare
+    it, and how its report is made."""
+    sid = short_id(state.entry["session_id"])
+    left_out = state.end["left_out"] if state.end else ["the session did not end"]
+    run = f"partial ({'; '.join(left_out)})" if left_out else "the whole suite"
+    reports = "" if state.reports == Path("reports").resolve() else f" --reports {state.reports}"
+    report = f"`amp-harness report{reports}` writes it from MLflow"
+    if state.sink is None:
+        report = f"`amp-harness sync{reports}`, then {report}"
+    return [
+        counts_line(state.session_records()),
+        f"session {sid}: {run}",
+        f"sessions: `amp-harness sessions{reports}`; compare: `amp-harness compare ID {sid}"
+        f"{reports}`",
+        f"report: {report}",
+    ]
 
 
 def _write_comparison(terminalreporter, state: AmpSession) -> None:
@@ -991,6 +1050,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     for r in records:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
     end.update(ended=time.time(), exitstatus=int(session.exitstatus), counts=counts)
+    state.end = end  # for the session's last lines (_LastLines)
     try:
         if not state.journal_down:
             state.append(end)

@@ -261,25 +261,32 @@ def check_verdict(verdict: str) -> str:
     return verdict
 
 
-def toml_entry(claim_id: str, statement: str, source: str) -> str:
+def toml_entry(claim_id: str, statement: str, source: str, expected: str | None = None) -> str:
     """One [[claim]] table, as `amp-harness new --claim` appends it (JSON strings are TOML basic
-    strings)."""
+    strings); `expected` only when given."""
     quote = functools.partial(json.dumps, ensure_ascii=False)
     return (
         f"\n[[claim]]\nid = {quote(claim_id)}\nstatement = {quote(statement)}\n"
-        f"source = {quote(source)}\n"
+        f"source = {quote(source)}\n" + (f"expected = {quote(expected)}\n" if expected else "")
     )
 
 
-def add_project_claim(path: Path, claim_id: str, statement: str, source: str) -> Claim:
+def add_project_claim(
+    path: Path, claim_id: str, statement: str, source: str, expected: str | None = None
+) -> Claim:
     """Append a claim to the project catalogue at `path` (created if absent), after checking it
     against every catalogue; the file is rewritten whole, or not at all."""
     path = Path(path)
+    if expected is not None and expected not in VERDICTS:
+        raise CatalogueError(
+            f"--expected {expected}: not a verdict: use one of {', '.join(VERDICTS)} "
+            f"(closest: {closest(expected, VERDICTS)})"
+        )
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     new = (
         old
         + ("" if not old or old.endswith("\n") else "\n")
-        + toml_entry(claim_id, statement, source)
+        + toml_entry(claim_id, statement, source, expected)
     )
     claims = dict(builtin())
     if old:
@@ -302,4 +309,4 @@ def add_project_claim(path: Path, claim_id: str, statement: str, source: str) ->
         raise CatalogueError(f"cannot write {path}: {exc.strerror}; make it writable") from None
     finally:
         temporary.unlink(missing_ok=True)
-    return Claim(claim_id, statement, source, "project")
+    return Claim(claim_id, statement, source, "project", expected=expected)

@@ -518,11 +518,13 @@ def new_scenario(
     claim_id: str | None = None,
     statement: str | None = None,
     source: str = "team decision",
+    expected: str | None = None,
 ) -> tuple[Path, Claim]:
     """Write folder/test_NAME.py from the template, checking a claim of its own that is added to
     the project catalogue at `catalogue_path`: `claim_id` and `statement`, or else an ID made from
     NAME with the template's example statement (never an existing claim: its verdicts would
-    join that claim's). Never overwrites; writes nothing when anything is wrong."""
+    join that claim's), with the verdict the team `expected`, if given. Never overwrites;
+    writes nothing when anything is wrong."""
     if not _NAME.fullmatch(name) or name.startswith("test_"):
         suggestion = re.sub(r"\W+", "_", name.removeprefix("test_"), flags=re.ASCII).strip("_")
         raise HarnessError(
@@ -551,7 +553,7 @@ def new_scenario(
     # A statement typed in a Latin-1 terminal reaches sys.argv as surrogates: escaped, so the
     # catalogue (UTF-8 TOML) takes it.
     statement, source = shown.storable(statement), shown.storable(source)
-    claim = add_project_claim(catalogue_path, claim_id, statement, source)
+    claim = add_project_claim(catalogue_path, claim_id, statement, source, expected)
     text = string.Template(TEMPLATE_PATH.read_text(encoding="utf-8")).substitute(
         name=name, claim=claim.id, statement=_comment(f"{claim.id}: {claim.statement}")
     )

@@ -10,7 +10,7 @@ Imports only harness.common. A scenario author's import surface is this package:
   observed step by step, and a claim decided over them);
 - instruments: `probes`, `measure` (timing and memory), `stats`, `memory_model`, `speedups`,
   `smoke`, `figures` (curves a scenario attaches to its record), `distributed` (gloo ranks);
-- `diagnose*`: the pitfalls measured on a user's own model;
+- `diagnose/`: the pitfalls measured on a user's own model (a package: runs, rules, fixes, verify);
 - `autocast_docs`, `autocast_ops`, `autocast_atlas`: PyTorch's documented autocast lists, and
   every op on them measured.
 """

@@ -9,26 +9,36 @@ Each capability a scenario needs (`@pytest.mark.requires(...)`) is, on the sessi
 - a capability regression: EXPECTED says this build and hardware should have it, but the probe
   saw otherwise, or raised. The test fails at setup, naming the capability, what the probe saw
   and the claims it checks: a broken feature must never pass for a missing one.
+
+A team declares capabilities of its own beside its scenarios (`scenarios/capabilities.py`, the
+list CAPABILITIES of `Capability(name, text, probe, expected)`); the plugin loads them with
+`with_team_capabilities` and holds them to the same rules (docs/writing-a-scenario.md).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
+import importlib.util
 import inspect
 import re
+import sys
 import traceback
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from harness.common.errors import HarnessError
+from harness.common.errors import HarnessError, closest
 from harness.lab import hardware, releases, tf32
 from harness.lab.gpus import GpuFigures, Identified, identify
 
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
+DEVICE_TYPES = ("cpu", "cuda")
+DEVICE_CHOICES = ("auto", *DEVICE_TYPES)
+TEAM_CAPABILITIES = "capabilities.py"  # beside the scenarios (the ini option amp_capabilities)
 NVIDIA_DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the driver sees
 
 
@@ -338,6 +348,132 @@ HARDWARE_CAPABILITIES = frozenset(
 )  # (device type, capability)
 
 
+_CAPABILITY_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+@dataclass(frozen=True, eq=False)
+class Capability:
+    """A capability a team declares beside its scenarios, in the list CAPABILITIES of
+    `scenarios/capabilities.py`, held to the rules of the built-in ones: where `expected` has
+    no row for the device type, or the row's torch release, compute capability or CPU level is
+    not reached, its absence is a skip with the reason; where the row holds and the probe says
+    no (or raises), the tests that need it fail as a capability regression."""
+
+    name: str  # as @pytest.mark.requires names it: lower case letters, digits and _
+    text: str  # what it is, in words: the skip reason reads "needs <text>: ..."
+    probe: Callable[[str], Probe]  # runs a tiny real case on the device type ("cpu", "cuda")
+    expected: Mapping[str, Expected] = field(default_factory=dict)  # per device type: why
+
+    def __post_init__(self) -> None:
+        problem = _capability_problem(self)
+        if problem:
+            raise HarnessError(f"Capability({self.name!r}): {problem}")
+
+
+def _capability_problem(capability: Capability) -> str | None:
+    """What is wrong with a declared capability's fields, with the fix; None when nothing is."""
+    name = capability.name
+    if not isinstance(name, str) or not _CAPABILITY_NAME.fullmatch(name):
+        return "name: use lower case letters, digits and _, starting with a letter, e.g. 'inductor'"
+    if name in CAPABILITY_TEXT:
+        return (
+            f"name: {name!r} is a built-in capability ({CAPABILITY_TEXT[name]}): require the "
+            "built-in one as it is, or give yours another name"
+        )
+    if not isinstance(capability.text, str) or not capability.text.strip():
+        return "text: say what it is in a few words; the skip reason reads 'needs <text>: ...'"
+    if not callable(capability.probe):
+        return 'probe: use a function of the device type ("cpu" or "cuda") returning a Probe'
+    rows = capability.expected
+    if not isinstance(rows, Mapping):
+        return f"expected={rows!r}: use a dict, e.g. {{'cpu': Expected(source='why')}}"
+    for device_type, row in rows.items():
+        if device_type not in DEVICE_TYPES:
+            return (
+                f"expected[{device_type!r}]: the device types are {', '.join(DEVICE_TYPES)} "
+                f"(closest: {closest(str(device_type), DEVICE_TYPES)})"
+            )
+        if not isinstance(row, Expected) or not row.source.strip():
+            return (
+                f"expected[{device_type!r}]={row!r}: use Expected(source='why this build and "
+                "hardware should have it'), with torch=, cc= or cpu= where it holds only from there"
+            )
+    return None
+
+
+def with_team_capabilities(device: DeviceInfo, path: Path) -> DeviceInfo:
+    """`device` with the capabilities declared in `path` (a team's capabilities.py, its list
+    CAPABILITIES), each probed now, once, as the built-in ones are; `device` as it is where
+    there is no such file. A declaration that cannot be used is a HarnessError naming the file,
+    the entry and the fix."""
+    if not path.is_file():
+        return device
+    try:
+        declared = _load_capabilities(path)
+        probed = {c.name: _probe_team(c, device.type) for c in declared}
+    except HarnessError as exc:
+        raise HarnessError(f"{path}: {exc}") from None
+    return dataclasses.replace(
+        device,
+        capabilities={**device.capabilities, **probed},
+        team={c.name: c for c in declared},
+    )
+
+
+def _load_capabilities(path: Path) -> tuple[Capability, ...]:
+    name = f"amp_team_capabilities_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass declared there looks its module up in sys.modules
+    try:
+        spec.loader.exec_module(module)
+    except HarnessError as exc:  # a Capability(...) with a wrong field: its line, then the fix
+        raise HarnessError(f"line {_line_in(exc, path)}: {exc}") from None
+    except Exception as exc:
+        raise HarnessError(
+            f"line {_line_in(exc, path)}: importing it raised {type(exc).__name__}: {exc}. Fix "
+            f"the file (`python {path}` shows the traceback)"
+        ) from exc
+    declared = getattr(module, "CAPABILITIES", None)
+    if not isinstance(declared, list | tuple):
+        raise _not_declared("CAPABILITIES", declared)
+    for index, capability in enumerate(declared):
+        if not isinstance(capability, Capability):
+            raise _not_declared(f"CAPABILITIES[{index}]", capability)
+        if [c.name for c in declared].count(capability.name) > 1:
+            raise HarnessError(
+                f"CAPABILITIES[{index}]: {capability.name!r} is declared twice: keep one"
+            )
+    return tuple(declared)
+
+
+def _line_in(exc: BaseException, path: Path) -> int | str:
+    """The line of `path` an exception raised in (its innermost frame there), or '?'."""
+    lines = [
+        frame.lineno
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if Path(frame.filename).resolve() == path.resolve()
+    ]
+    return lines[-1] if lines else getattr(exc, "lineno", None) or "?"
+
+
+def _not_declared(where: str, found: object) -> HarnessError:
+    return HarnessError(
+        f"{where} is {found!r}: declare CAPABILITIES = [Capability(name, text, probe, "
+        "expected), ...] with harness.lab.devices.Capability (docs/writing-a-scenario.md)"
+    )
+
+
+def _probe_team(capability: Capability, device_type: str) -> Probe:
+    seen = _run_probe(lambda: capability.probe(device_type))
+    if not isinstance(seen, Probe):
+        raise HarnessError(
+            f"Capability({capability.name!r}): probe({device_type!r}) returned {seen!r}: return "
+            "Probe(works, saw), e.g. Probe(ok, f'a C++ compiler at {path}')"
+        )
+    return seen
+
+
 @dataclass(frozen=True)
 class Lack:
     """Why this device cannot run something. `regression`: it should be able to."""
@@ -372,6 +508,7 @@ class DeviceInfo:
     capabilities: dict[str, Probe] = field(default_factory=dict, hash=False)  # hashable: a key
     figures: GpuFigures | None = None  # a GPU's variant figures (gpus.identify); None on the CPU
     onednn_level: str = ""  # the CPU kernel level oneDNN runs at (hardware.LEVELS), read back
+    team: dict[str, Capability] = field(default_factory=dict, hash=False)  # a team's, by name
 
     @property
     def torch_device(self) -> torch.device:
@@ -380,9 +517,12 @@ class DeviceInfo:
     def missing(self, *needs: str, gpus: int = 0) -> Lack | None:
         """Why this device cannot run something that needs `needs`, or None if it can."""
         for need in needs:
-            if need not in CAPABILITY_TEXT:
+            if self._text(need) is None:
+                known = sorted({*CAPABILITY_TEXT, *self.team})
                 raise HarnessError(
-                    f"unknown capability {need!r}: known are {', '.join(sorted(CAPABILITY_TEXT))}"
+                    f"unknown capability {need!r}: known are {', '.join(known)} (closest: "
+                    f"{closest(need, known)}); a team's own are declared in "
+                    f"scenarios/{TEAM_CAPABILITIES}"
                 )
             lack = self._cuda_lack() if need == "cuda" else self._lack(need)
             if lack:
@@ -423,7 +563,7 @@ class DeviceInfo:
         seen = seen or self.capabilities.get(need)
         if seen is not None and seen.works:
             return None
-        text = CAPABILITY_TEXT[need]
+        text = self._text(need)
         saw = seen.saw if seen else "not probed"
         expected, why_not = self._expectation(need)
         if expected is None:
@@ -437,9 +577,16 @@ class DeviceInfo:
             error=seen.error if seen else "",
         )
 
+    def _text(self, need: str) -> str | None:
+        """What `need` is, in words: a built-in capability's, or a team's; None if unknown."""
+        team = self.team.get(need)
+        return team.text if team else CAPABILITY_TEXT.get(need)
+
     def _expectation(self, need: str) -> tuple[Expected | None, str]:
-        """(what EXPECTED says of `need` here, or None with why it is not expected)."""
-        expected = EXPECTED.get((self.type, need))
+        """(what EXPECTED, or the team's declaration, says of `need` here, or None with why it
+        is not expected)."""
+        team = self.team.get(need)
+        expected = team.expected.get(self.type) if team else EXPECTED.get((self.type, need))
         if expected is None:
             return None, NOT_EXPECTED.get((self.type, need), f"not expected on {self.describe()}")
         if releases.release() < expected.torch:

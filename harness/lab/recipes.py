@@ -8,14 +8,21 @@ A recipe is bound to a device and then used through four verbs, in training-loop
             loss = loss_fn(model(precision.cast_input(x)), y)
         precision.backward(loss)                     # 3. scaled or plain backward
         report = precision.step(optimizer)           # 4. unscale, measure, clip, step, update
+
+A team's own recipe is a `Recipe(...)` built with the same fields, by keyword (bf16 parameters
+without autocast, a scaler of its own, a model conversion such as fp8 linears); `step` takes a
+list of optimizers that share the one scaler (docs/writing-a-scenario.md, "Your own recipe").
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -30,13 +37,30 @@ class RecipeUnsupported(HarnessError):
 
 @dataclass(frozen=True)
 class Recipe:
-    name: str
-    summary: str
-    autocast_dtype: torch.dtype | None  # None: no autocast
-    scaler: bool  # loss scaling with torch.amp.GradScaler
-    param_dtype: torch.dtype  # the dtype of the trained parameters
-    tf32: bool  # TF32 matmul and cuDNN flags while the recipe is active
-    needs: tuple[str, ...]  # device capabilities, see harness.lab.devices.CAPABILITY_TEXT
+    """A precision recipe. Built-in ones come from `get(name)`; a team builds its own, by keyword:
+    `Recipe("bf16-params", "bfloat16 parameters, no autocast", param_dtype=torch.bfloat16)`.
+    Each field is checked when the recipe is built: a wrong one is a HarnessError naming the
+    file and line that built it, the field and the fix."""
+
+    name: str  # recorded as the recipe (record.param(recipe=...)): letters, digits, - _ . +
+    summary: str  # one line: what the recipe does to a training step
+    autocast_dtype: torch.dtype | None = None  # the dtype autocast computes in; None: no autocast
+    # Loss scaling: False, True (torch.amp.GradScaler(device)), or a function of the device type
+    # returning an enabled GradScaler of your own (init_scale, growth_interval, a subclass).
+    scaler: bool | Callable[[str], torch.amp.GradScaler] = False
+    param_dtype: torch.dtype = torch.float32  # the dtype `prepare` casts the parameters to
+    tf32: bool = False  # TF32 matmul and cuDNN flags while the recipe is bound
+    # Capabilities the recipe needs (built-in, or a team's scenarios/capabilities.py); name them
+    # in the test's @pytest.mark.requires too, which skips or fails before the test runs: `bind`
+    # raises RecipeUnsupported with the reason when one is lacking.
+    needs: tuple[str, ...] = ()
+    # Applied by `prepare` after the move and cast: a module swap (fp8 linears), a freeze.
+    convert: Callable[[torch.nn.Module], torch.nn.Module] | None = None
+
+    def __post_init__(self) -> None:
+        problem = _recipe_problem(self)
+        if problem:
+            raise HarnessError(f"{_builder()}: Recipe({self.name!r}): {problem}")
 
     def unsupported_reason(self, device: DeviceInfo) -> str | None:
         reason = device.missing(*self.needs)
@@ -47,6 +71,47 @@ class Recipe:
         if reason:
             raise RecipeUnsupported(reason)
         return Precision(self, device)
+
+
+_RECIPE_NAME = re.compile(r"[A-Za-z0-9][\w.+-]*")
+
+
+def _recipe_problem(recipe: Recipe) -> str | None:
+    """What is wrong with a recipe's fields, with the fix; None when nothing is."""
+    if not isinstance(recipe.name, str) or not _RECIPE_NAME.fullmatch(recipe.name):
+        return "name: use letters, digits and - _ . + (it is recorded), e.g. 'bf16-params'"
+    if not isinstance(recipe.summary, str) or not recipe.summary.strip():
+        return "summary: say in one line what the recipe does to a training step"
+    for name in ("autocast_dtype", "param_dtype"):
+        dtype = getattr(recipe, name)
+        if (dtype is not None or name == "param_dtype") and not (
+            isinstance(dtype, torch.dtype) and dtype.is_floating_point
+        ):
+            return f"{name}={dtype!r}: use a floating torch.dtype, e.g. torch.bfloat16" + (
+                ", or None for no autocast" if name == "autocast_dtype" else ""
+            )
+    if not isinstance(recipe.scaler, bool) and not callable(recipe.scaler):
+        return (
+            f"scaler={recipe.scaler!r}: use True (torch.amp.GradScaler(device)), False, or a "
+            "function of the device type, e.g. lambda device: torch.amp.GradScaler(device, "
+            "init_scale=2.0**10)"
+        )
+    if not isinstance(recipe.needs, tuple) or not all(isinstance(n, str) for n in recipe.needs):
+        # needs=("bf16_autocast") is a string, not a tuple: the commonest slip.
+        example = (recipe.needs,) if isinstance(recipe.needs, str) else ("bf16_autocast",)
+        return f"needs={recipe.needs!r}: use a tuple of capability names, e.g. needs={example!r}"
+    if recipe.convert is not None and not callable(recipe.convert):
+        return f"convert={recipe.convert!r}: use a function taking the model and returning it"
+    return None
+
+
+def _builder() -> str:
+    """file:line of the code that built the recipe (outside this module and the dataclass)."""
+    here = Path(__file__).resolve()
+    for frame in inspect.stack()[1:]:
+        if frame.filename != "<string>" and Path(frame.filename).resolve() != here:
+            return f"{frame.filename}:{frame.lineno}"
+    return str(here)
 
 
 RECIPES = {
@@ -117,8 +182,12 @@ def get(name: str) -> Recipe:
 @dataclass
 class StepReport:
     scale: float  # the loss scale this step's backward used (1.0 without a scaler)
-    skipped: bool  # the scaler found inf/NaN and skipped optimizer.step()
+    skipped: bool  # the scaler found inf/NaN and skipped optimizer.step() (of any optimizer)
     grad_norm: float  # total L2 norm of the true (unscaled) gradients, computed in float32
+    skipped_each: tuple[bool, ...] = ()  # per optimizer, in the order `step` was given them
+
+
+Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
 
 
 class Precision:
@@ -127,8 +196,7 @@ class Precision:
     def __init__(self, recipe: Recipe, device: DeviceInfo):
         self.recipe = recipe
         self.device = device
-        # Always name the device: GradScaler's default, "cuda", silently disables itself on CPU.
-        self.scaler = torch.amp.GradScaler(device.type) if recipe.scaler else None
+        self.scaler = _scaler(recipe, device.type)
         self._saved_tf32: dict[str, object] | None = None
 
     def __enter__(self) -> Precision:
@@ -150,10 +218,12 @@ class Precision:
         return run
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model.to(device=self.device.torch_device, dtype=self.recipe.param_dtype)
+        model = model.to(device=self.device.torch_device, dtype=self.recipe.param_dtype)
+        return self.recipe.convert(model) if self.recipe.convert else model
 
     def cast_input(self, x: torch.Tensor) -> torch.Tensor:
-        """Move a batch to the device; floating inputs follow a half model into float16."""
+        """Move a batch to the device; floating inputs follow the parameters' dtype (a half or
+        bf16-parameter model takes its inputs in that dtype)."""
         x = x.to(self.device.torch_device)
         return x.to(self.recipe.param_dtype) if x.is_floating_point() else x
 
@@ -170,31 +240,81 @@ class Precision:
         else:
             loss.backward()
 
-    def step(self, optimizer: torch.optim.Optimizer, clip_norm: float | None = None) -> StepReport:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+    def step(self, optimizer: Optimizers, clip_norm: float | None = None) -> StepReport:
+        """Unscale, measure, clip, step (or skip on inf/NaN), update the scale. `optimizer` may
+        be a list of optimizers sharing this scaler: each is unscaled and stepped, the norm and
+        clipping cover all their parameters, and one `scaler.update()` follows all the steps,
+        as GradScaler requires."""
+        optimizers = _each(optimizer)
+        params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
         scale = self.scaler.get_scale() if self.scaler is not None else 1.0
         if self.scaler is not None:
             # Divide the gradients by the scale *before* measuring or clipping them: clipping
             # scaled gradients would clip values up to `scale` times too large.
-            self.scaler.unscale_(optimizer)
+            for opt in optimizers:
+                self.scaler.unscale_(opt)
         grad_norm = total_grad_norm(params)
         if clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, clip_norm)
-        self.update(optimizer)
-        if self.scaler is None:
-            return StepReport(scale, False, grad_norm)
-        return StepReport(scale, self.scaler.get_scale() < scale, grad_norm)
+        self._step_each(optimizers)
+        skipped = tuple(self._skipped(opt) for opt in optimizers)
+        if self.scaler is not None:
+            self.scaler.update()
+        return StepReport(scale, any(skipped), grad_norm, skipped)
 
-    def update(self, optimizer: torch.optim.Optimizer) -> None:
+    def update(self, optimizer: Optimizers) -> None:
         """The optimizer step alone, as timing runs it: nothing measured or read back to the host
         (no gradient norm, no get_scale(), no .item()). With a scaler, scaler.step unscales and
         skips optimizer.step() on inf/NaN (a fused optimizer takes the inf check on the device),
-        and update() backs the scale off."""
+        and one update() after all the optimizers backs the scale off."""
+        self._step_each(_each(optimizer))
+        if self.scaler is not None:
+            self.scaler.update()
+
+    def _step_each(self, optimizers: tuple[torch.optim.Optimizer, ...]) -> None:
+        for opt in optimizers:
+            if self.scaler is None:
+                opt.step()
+            else:
+                self.scaler.step(opt)
+
+    def _skipped(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether the scaler skipped this optimizer's step: the inf/NaN it found in that
+        optimizer's gradients, which scaler.step itself reads to decide (a fused optimizer gets
+        the same flag), kept per optimizer until update() (torch 2.4 to 2.14). The scale falling
+        says only that some optimizer overflowed, and nothing under a scaler that never backs
+        off."""
         if self.scaler is None:
-            optimizer.step()
-            return
-        self.scaler.step(optimizer)
-        self.scaler.update()
+            return False
+        found = self.scaler._found_inf_per_device(optimizer)
+        return bool(sum(float(flag) for flag in found.values()))
+
+
+def _each(optimizer: Optimizers) -> tuple[torch.optim.Optimizer, ...]:
+    optimizers = (optimizer,) if isinstance(optimizer, torch.optim.Optimizer) else tuple(optimizer)
+    if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
+        raise HarnessError(
+            f"Precision.step/update: {optimizer!r} is not an optimizer or a list of them: pass "
+            "torch.optim optimizers, e.g. precision.step([encoder_opt, decoder_opt])"
+        )
+    return optimizers
+
+
+def _scaler(recipe: Recipe, device_type: str) -> torch.amp.GradScaler | None:
+    """The recipe's scaler on this device. Always name the device: GradScaler's default, "cuda",
+    silently disables itself on the CPU (and a team's factory is held to the same)."""
+    if recipe.scaler is False:
+        return None
+    if recipe.scaler is True:
+        return torch.amp.GradScaler(device_type)
+    made = recipe.scaler(device_type)
+    if not isinstance(made, torch.amp.GradScaler) or not made.is_enabled():
+        raise HarnessError(
+            f"recipe {recipe.name}: scaler({device_type!r}) returned {made!r}, not an enabled "
+            "torch.amp.GradScaler: return torch.amp.GradScaler(device, ...) with the device it "
+            "is given (without it GradScaler means 'cuda' and disables itself elsewhere)"
+        )
+    return made
 
 
 def total_grad_norm(params) -> float:

@@ -11,6 +11,10 @@ Two hooks let a scenario observe or bend the loop without copying it: `loss_mult
 backward runs on loss x multiplier: small gradients, as late in training or with a summed loss
 over few elements) and `on_step(model, report)`, called after each optimizer step while the
 step's unscaled gradients are still in `.grad` (harness.lab.probes.StepGradients keeps their stats).
+
+The optimizer is one of OPTIMIZERS by name, or the scenario's own: a factory `(model, lr) ->`
+an optimizer or a list of optimizers (param groups of their own, several optimizers sharing
+the recipe's one scaler: `Precision.step` steps each and updates the scale once).
 """
 
 from __future__ import annotations
@@ -24,9 +28,15 @@ import torch
 
 from harness.common.errors import HarnessError, closest
 from harness.lab.data import Task
-from harness.lab.recipes import Precision, StepReport
+from harness.lab.recipes import Optimizers, Precision, StepReport
 
-OPTIMIZERS = ("adamw", "sgd")
+# The named optimizers and their settings, all of them (the rest are torch's defaults).
+OPTIMIZERS = {
+    "adamw": "torch.optim.AdamW(lr=lr): betas (0.9, 0.999), eps 1e-8 (or adam_eps), "
+    "weight_decay 0.01",
+    "sgd": "torch.optim.SGD(lr=lr, momentum=0.9): no dampening, no Nesterov, no weight decay",
+}
+OptimizerFactory = Callable[[torch.nn.Module, float], Optimizers]
 
 
 @dataclass
@@ -51,7 +61,7 @@ def train(
     steps: int,
     lr: float,
     batch_size: int = 64,
-    optimizer: str = "adamw",
+    optimizer: str | OptimizerFactory = "adamw",
     seed: int = 0,
     clip_norm: float | None = None,
     loss_multiplier: float = 1.0,
@@ -64,15 +74,16 @@ def train(
     Backward runs on the task's loss times `loss_multiplier` (the history keeps the task's
     loss); `on_step(model, report)` is called after each step, with the step's gradients still
     in `.grad` (unscaled). `watch_forward`, a context manager entered around each step's forward
-    and loss (harness.lab.probes.OpRanges), observes them. `adam_eps`: AdamW's epsilon, when not
-    torch's default. Training goes on after a non-finite loss: the scenarios observe
-    divergence, not avoid it.
+    and loss (harness.lab.probes.OpRanges), observes them. `optimizer`: a name of OPTIMIZERS
+    or a factory `(model, lr)` returning an optimizer or a list of them, built once the model
+    is prepared. `adam_eps`: the "adamw" optimizer's epsilon, when not torch's default.
+    Training goes on after a non-finite loss: the scenarios observe divergence, not avoid it.
     """
     # AMP step 1: move (and for "half", cast) the model before the optimizer sees its parameters,
     # so the optimizer holds the tensors that are actually trained.
     model = precision.prepare(model)
     model.train()
-    opt = _optimizer(optimizer, model, lr, adam_eps)
+    opts = _optimizers(optimizer, model, lr, adam_eps)
     device = precision.device.torch_device
     batches = task.batches(batch_size, seed)
     history = History()
@@ -89,13 +100,14 @@ def train(
             out = model(x)
             loss = task.loss(out, y)
 
-        opt.zero_grad(set_to_none=True)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
         # AMP step 3: backward, on the loss multiplied by the scale when the recipe has a scaler
         # (and by the caller's multiplier, which no scaler knows about).
         precision.backward(loss * loss_multiplier if loss_multiplier != 1.0 else loss)
         # AMP step 4: unscale, measure the gradient norm, clip, step (or skip on inf/NaN) and
-        # update the scale.
-        report = precision.step(opt, clip_norm)
+        # update the scale (once, after every optimizer's step).
+        report = precision.step(opts, clip_norm)
 
         if device.type == "cuda":
             torch.cuda.synchronize()  # CUDA runs asynchronously: wait, or the time is launch time
@@ -122,8 +134,30 @@ def evaluate(model: torch.nn.Module, precision: Precision, task: Task) -> dict[s
         model.train(was_training)
 
 
-def _optimizer(
-    name: str, model: torch.nn.Module, lr: float, adam_eps: float | None = None
+def _optimizers(
+    choice: str | OptimizerFactory, model: torch.nn.Module, lr: float, adam_eps: float | None
+) -> tuple[torch.optim.Optimizer, ...]:
+    if callable(choice):
+        if adam_eps is not None:
+            raise HarnessError(
+                "train(adam_eps=...) sets the eps of the named optimizer 'adamw': with an "
+                "optimizer factory, pass eps in the factory (torch.optim.AdamW(..., eps=...))"
+            )
+        made = choice(model, lr)
+        optimizers = (made,) if isinstance(made, torch.optim.Optimizer) else made
+        optimizers = tuple(optimizers) if isinstance(optimizers, list | tuple) else ()
+        if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
+            raise HarnessError(
+                f"train(optimizer={getattr(choice, '__name__', choice)!r}): the factory returned "
+                f"{made!r}: return a torch.optim optimizer or a list of them, e.g. "
+                "lambda model, lr: torch.optim.SGD(model.parameters(), lr=lr)"
+            )
+        return optimizers
+    return (_named_optimizer(choice, model, lr, adam_eps),)
+
+
+def _named_optimizer(
+    name: str, model: torch.nn.Module, lr: float, adam_eps: float | None
 ) -> torch.optim.Optimizer:
     if name == "adamw":
         if adam_eps is None:
@@ -133,5 +167,5 @@ def _optimizer(
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     raise HarnessError(
         f"unknown optimizer {name!r}: known are {', '.join(OPTIMIZERS)} "
-        f"(closest: {closest(name, OPTIMIZERS)})"
+        f"(closest: {closest(name, OPTIMIZERS)}), or pass a factory (model, lr) -> optimizer"
     )

@@ -5,6 +5,7 @@ Only named facts are collected; the process environment is never copied (it hold
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import shutil
 import subprocess
@@ -30,12 +31,30 @@ def _run(args: list[str], cwd: Path | None = None) -> str:
     return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
 
 
-def _git_commit(root: Path) -> str:
+def _git_commit(root: Path, watched: tuple[Path, ...] = ()) -> str:
+    """HEAD's commit, `-dirty` where what ran is not what it holds: a tracked file changed, or
+    a file under `watched` (the scenario folder, the project's catalogue) is new and untracked
+    (a new scenario's verdicts were tagged with a commit that did not contain it)."""
     commit = _run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root)
     if not commit:
         return "unknown"
-    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
-    return commit + ("-dirty" if dirty else "")
+    changed = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    inside = [str(path) for path in watched if path.resolve().is_relative_to(root.resolve())]
+    if not changed and inside:
+        # Untracked files there, but not those .gitignore names (caches, the reports folder).
+        changed = _run(["git", "status", "--porcelain", "--untracked-files=all", "--", *inside],
+                       cwd=root)  # fmt: skip
+    return commit + ("-dirty" if changed else "")
+
+
+def file_digest(path: Path) -> str:
+    """The first 16 hex digits of the SHA-256 of the file at `path` (a scenario's, recorded
+    with each of its tests: `compare` says when two sessions ran different code for one test);
+    "" where it cannot be read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
 
 
 def precision_flags() -> dict[str, str]:
@@ -48,10 +67,11 @@ def precision_flags() -> dict[str, str]:
     return {name: str(value) for name, value in state.items() if name.startswith("precision.")}
 
 
-def collect(device: DeviceInfo, root: Path) -> dict[str, str]:
+def collect(device: DeviceInfo, root: Path, watched: tuple[Path, ...] = ()) -> dict[str, str]:
     """Flat string facts, logged as `env.<key>` tags: the software, the hardware that decides
     behaviour (harness.lab.hardware: the CPU and the kernel levels in force, the GPU), the
-    hardware class, and what each capability probe saw (`capability.<name>`: yes or no)."""
+    hardware class, and what each capability probe saw (`capability.<name>`: yes or no).
+    `watched`: where an untracked file makes the commit dirty (_git_commit)."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     nccl = ""
     if device.type == "cuda" and torch.distributed.is_available():
@@ -75,7 +95,7 @@ def collect(device: DeviceInfo, root: Path) -> dict[str, str]:
         "platform": platform.platform(terse=True),
         "cpu": platform.processor() or platform.machine(),
         "harness": harness.__version__,
-        "git_commit": _git_commit(root),
+        "git_commit": _git_commit(root, watched),
     }
     facts.update(hardware.cpu_facts())
     if device.type == "cuda":

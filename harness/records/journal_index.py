@@ -53,6 +53,13 @@ _UNUSABLE = "(the line stays in the file: fix it by hand to read it again)"
 REBUILT = "rebuilt"
 
 
+def short_id(session_id: str) -> str:
+    """A session's id as the harness shows it: 12 hex digits, unique among a year of CI
+    sessions (8 would not be: among 50,000 sessions, two share a prefix of 8 with a chance of
+    25%), and taken by every command that takes an id (a unique prefix)."""
+    return session_id[:12]
+
+
 @dataclass
 class Indexed:
     """One session as the index holds it: its opening entry, its end if any, the claims its
@@ -155,7 +162,7 @@ def rebuilt_session(sid: str, record: Record) -> dict:
     return {
         "type": "session",
         "session_id": sid,
-        "name": f"session {sid[:8]} (its session entry is missing: rebuilt from its records)",
+        "name": f"session {short_id(sid)} (its session entry is missing: rebuilt from its records)",
         "started": record.started,
         "args": [],
         "fingerprint": {},

@@ -225,6 +225,7 @@ _VERDICT_FIELDS = {"claim": "text", "verdict": "text", "evidence": "text"}
 
 KEY_METRICS = "key_metrics"  # the param that names a test's key metrics, comma-separated
 DEPENDS_ON_HARDWARE = "depends_on_hardware"  # the param naming Record.depends_on_hardware's
+SCENARIO_DIGEST = "scenario_sha256"  # the param holding its scenario file's digest (16 digits)
 
 
 def key_metrics(params: dict[str, str], metrics: dict[str, float]) -> dict[str, float]:

@@ -279,6 +279,26 @@ def foreign_warnings_ignored() -> Iterator[None]:
         yield
 
 
+# MLflow's tqdm bar for each artifact it uploads or downloads: `amp-harness report` printed one
+# per figure ("Downloading artifacts", 7 bars before its own line). Off inside the harness's
+# calls, where the user has not set it (mlflow.environment_variables reads it at each call).
+PROGRESS_BARS = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+
+@contextlib.contextmanager
+def progress_bars_off() -> Iterator[None]:
+    """The block without MLflow's artifact progress bars, unless the user set them; the
+    environment as it was after it. MLflow's warnings are its own business (they stay)."""
+    if PROGRESS_BARS in os.environ:
+        yield
+        return
+    os.environ[PROGRESS_BARS] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(PROGRESS_BARS, None)
+
+
 class BoundedClient:
     """An MlflowClient (`mlflow_client`) whose every method runs with foreign_warnings_ignored
     and is sent again when its answer was cut in the middle (_cut): MLflow's client retries a
@@ -301,7 +321,7 @@ class BoundedClient:
             sent_again = 0
             while True:
                 try:
-                    with foreign_warnings_ignored():
+                    with foreign_warnings_ignored(), progress_bars_off():
                         return found(*args, **kwargs)
                 except Exception as exc:
                     if not _cut(exc) or sent_again >= _retries():

@@ -1,4 +1,6 @@
-"""Warnings torch gives while a scenario runs: kept with the scenario's record, not fatal.
+"""Warnings torch gives while a scenario runs: kept with the scenario's record, not fatal, in
+fields of their own (the metric and the param FIELD), never in a verdict's evidence: the
+evidence says what the scenario measured, and a warning is a fact about the release.
 
 A scenario measures what a torch release does. A warning that release gives on the way (torch
 2.5's "Applying the CPU mse kernel on half-type tensors", a deprecation of a flag the harness
@@ -24,6 +26,7 @@ import torch
 
 TORCH_MODULES = r"torch(\.|$)"  # matched against the module a warning is attributed to
 _TORCH_DIR = Path(torch.__file__).resolve().parent
+FIELD = "torch_warnings"  # the record's metric (a count) and param (the messages, " | ")
 PARAM_CHARS = 2000  # of the messages kept in a record's param (MLflow takes 6,000)
 
 

@@ -23,7 +23,7 @@ from harness.common.errors import HarnessError
 from harness.records import environments, shapes
 from harness.records.journal import Journal, Session
 from harness.records.journal_index import Indexed
-from harness.records.record import DEPENDS_ON_HARDWARE
+from harness.records.record import DEPENDS_ON_HARDWARE, SCENARIO_DIGEST
 
 FORMAT = 2  # 2: verdicts carry their test's outcome (`stands`); sessions say what they lack
 
@@ -89,6 +89,8 @@ def summarize(journal: Journal, session_id: str | None = None, ending: dict | No
                 "depends_on_hardware": sorted(
                     environments.depends_on(r.params.get(DEPENDS_ON_HARDWARE))
                 ),
+                # The digest of its scenario file: `compare` says where two runs ran other code
+                SCENARIO_DIGEST: r.params.get(SCENARIO_DIGEST, ""),
             }
             for r in session.records
         },

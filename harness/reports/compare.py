@@ -38,8 +38,9 @@ from harness.common import shown
 from harness.common.errors import HarnessError
 from harness.records import environments, shapes
 from harness.records.journal import Journal
-from harness.records.record import _jsonable
-from harness.reports import baseline, differences
+from harness.records.journal_index import short_id
+from harness.records.record import SCENARIO_DIGEST, _jsonable
+from harness.reports import baseline, differences, table
 
 ALPHA = 0.05
 THRESHOLD = 0.10  # relative: 10% of the first run's mean
@@ -189,6 +190,7 @@ class Comparison:
     classes: tuple[str, str]  # the runs' hardware classes (harness.records.environments)
     causes: dict[str, list[str]]  # environments.causes: what differs, per cause
     legacy: tuple[str, ...] = ()  # "A", "B": a fingerprint from before hardware classes
+    scenarios_changed: tuple[str, ...] = ()  # tests whose scenario file differs between the runs
 
     @property
     def overlapped(self) -> bool:
@@ -288,6 +290,7 @@ class Comparison:
             "lost_decisions": [asdict(d) for d in self.lost],
             "not_compared": self.not_compared,
             "b_lacks": self.b_lacks,
+            "scenarios_changed": list(self.scenarios_changed),
             "overlapped": self.overlapped,
         }
 
@@ -307,6 +310,12 @@ def compare(
     def attributed(depends: frozenset[str], statistical: bool = False) -> Attribution:
         return attribute(facts_a, facts_b, set(depends), statistical)
 
+    def of_test(test: str, statistical: bool = False) -> Attribution:
+        """Why a change of `test` may have happened: its own code first, where it changed."""
+        found = attributed(_depends(test, a, b), statistical)
+        changed = _scenario_changed(test, a, b)
+        return Attribution(found.explained, f"{changed}; {found.why}") if changed else found
+
     verdicts_a, verdicts_b = _verdicts(a), _verdicts(b)
     verdicts = [
         VerdictChange(
@@ -316,8 +325,8 @@ def compare(
             vb["verdict"],
             va["evidence"],
             vb["evidence"],
-            attributed(_depends(test, a, b)),
-        )
+            of_test(test),
+        )  # fmt: skip
         for (test, claim), va in verdicts_a.items()
         if (vb := verdicts_b.get((test, claim))) and vb["verdict"] != va["verdict"]
     ]
@@ -341,7 +350,7 @@ def compare(
             continue
         before, after = _quantities(entry["metrics"]), _quantities(b["tests"][test]["metrics"])
         key = {*entry.get("key_metrics", []), *b["tests"][test].get("key_metrics", [])}
-        why = functools.partial(attributed, _depends(test, a, b))
+        why = functools.partial(of_test, test)
         only_a += [f"{test} :: metric {q}" for q in before if q not in after]
         only_b += [f"{test} :: metric {q}" for q in after if q not in before]
         for quantity in before.keys() & after.keys():
@@ -383,7 +392,17 @@ def compare(
             for side, facts in zip("AB", (facts_a, facts_b), strict=True)
             if environments.is_legacy(facts)
         ),
+        scenarios_changed=tuple(t for t in a["tests"] if _scenario_changed(t, a, b)),
     )
+
+
+def _scenario_changed(test: str, a: dict, b: dict) -> str:
+    """That the two runs ran other code for `test`: its scenario file's digest differs ("" where
+    it does not, or where a run did not record it, as a baseline from before digests)."""
+    digests = [run["tests"].get(test, {}).get(SCENARIO_DIGEST) for run in (a, b)]
+    if not all(digests) or digests[0] == digests[1]:
+        return ""
+    return f"the scenario changed (its file's sha256 {digests[0]} -> {digests[1]})"
 
 
 def _depends(test: str, *runs: dict) -> frozenset[str]:
@@ -534,7 +553,7 @@ def load(spec: str, journal: Journal) -> tuple[str, dict]:
             summary = baseline.summarize(journal, spec)
         except HarnessError as exc:
             raise HarnessError(f"{exc} (or give a baseline file, *.json, or `last`)") from None
-    return f"session {summary['session_id'][:8]} ({summary['name']})", summary
+    return f"session {short_id(summary['session_id'])} ({summary['name']})", summary
 
 
 def auto_path(folder: Path, fingerprint: dict[str, str]) -> Path:
@@ -604,11 +623,10 @@ def _problem(summary) -> str | None:
 
 
 def render(comparison: Comparison, console) -> None:
-    """Rich tables: changed verdicts, then metric changes (flagged first). Every cell is
-    shown.text, never markup or terminal control: test ids carry brackets (`test_x[float16]`),
-    evidence anything."""
-    from rich.table import Table
-
+    """Changed verdicts, then metric changes (flagged first): rich tables on a terminal at least
+    table.TABLE_WIDTH wide, else blocks wrapped at the width (a log, a pipe, 80 columns: the
+    tables' evidence column was one letter wide there). Every text is shown.text, never markup
+    or terminal control: test ids carry brackets (`test_x[float16]`), evidence anything."""
     c = comparison
     for note in c.hardware_notes():  # first: it changes how every row below reads
         console.print(shown.text(note, "bold yellow"))
@@ -616,59 +634,28 @@ def render(comparison: Comparison, console) -> None:
     if c.environment:
         changed = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in c.environment.items())
         console.print(shown.text(f"environment: {changed}"))
+    if c.scenarios_changed:
+        console.print(shown.text(
+            f"scenario changed (other code ran in A and B): {', '.join(c.scenarios_changed)}",
+            "yellow",
+        ))  # fmt: skip
+    wide = console.is_terminal and console.width >= table.TABLE_WIDTH
     if c.verdicts:
         explained = sum(v.attribution.explained for v in c.verdicts)
-        table = Table(
-            title=f"verdicts changed: {len(c.verdicts)}"
+        console.print(shown.text(
+            f"verdicts changed: {len(c.verdicts)}"
             + (f" ({explained} {EXPLAINED})" if explained else ""),
-            title_style="bold red" if explained < len(c.verdicts) else "bold yellow",
-            expand=True,
-        )
-        table.add_column("claim", no_wrap=True)
-        table.add_column("test", max_width=40, overflow="fold")
-        table.add_column("A -> B", max_width=24, overflow="fold")
-        # The evidence gets the room, and under it why the verdict may have changed.
-        table.add_column("evidence, and why", ratio=1, overflow="fold")
-        for v in c.verdicts:
-            evidence = (
-                shown.text(f"B: {v.evidence_after}\n")
-                + shown.text(f"A: {v.evidence_before}\n", "dim")
-                + _why_cell(v.attribution)
-            )
-            table.add_row(
-                shown.text(v.claim),
-                shown.text(_short(v.test)),
-                shown.text(f"{v.before} -> {v.after}"),
-                evidence,
-            )
-        console.print(table)
+            "bold red" if explained < len(c.verdicts) else "bold yellow",
+        ))  # fmt: skip
+        (_verdict_table if wide else _verdict_blocks)(c, console)
     if c.metrics:
         flagged = sum(m.flagged for m in c.metrics)
-        table = Table(
-            title=f"metrics changed: {len(c.metrics)}, flagged: {flagged} (Welch p < {c.alpha} "
-            f"and a change beyond {c.threshold:.0%})",
-            expand=True,
-        )
-        table.add_column("", no_wrap=True)
-        table.add_column("claims", max_width=24, overflow="fold")
-        table.add_column("metric (test)", ratio=1, overflow="fold")
-        table.add_column("A -> B", max_width=24, overflow="fold")
-        table.add_column("change", no_wrap=True)
-        table.add_column("p", max_width=14, overflow="fold")
-        for m in c.metrics:
-            metric = shown.text(f"{m.metric}\n") + shown.text(_short(m.test), "dim")
-            if m.flagged:
-                metric += shown.text("\n") + _why_cell(m.attribution)
-            table.add_row(
-                shown.text(_flag(m)),
-                shown.text(", ".join(m.claims)),
-                metric,
-                _change_cell(m),
-                shown.text(_percent(m.relative)),
-                shown.text(f"{m.p_value:.2g}" if m.p_value is not None else m.note),
-                style=_style(m.attribution) if m.flagged else None,
-            )
-        console.print(table)
+        console.print(shown.text(
+            f"metrics changed: {len(c.metrics)}, flagged: {flagged} (Welch p < {c.alpha} and "
+            f"a change beyond {c.threshold:.0%})",
+            "bold",
+        ))  # fmt: skip
+        (_metric_table if wide else _metric_blocks)(c, console)
     for lost in c.lost:
         console.print(shown.text(f"decision lost: {lost.describe()}", _style(lost.attribution)))
     if c.not_compared:
@@ -685,12 +672,96 @@ def render(comparison: Comparison, console) -> None:
     console.print(shown.text(c.summary_line(), style))
 
 
+def _verdict_table(c: Comparison, console) -> None:
+    from rich.table import Table
+
+    grid = Table(expand=True)
+    grid.add_column("claim", no_wrap=True)
+    grid.add_column("test", max_width=40, overflow="fold")
+    grid.add_column("A -> B", max_width=24, overflow="fold")
+    # The evidence gets the room, and under it why the verdict may have changed.
+    grid.add_column("evidence, and why", ratio=1, overflow="fold")
+    for v in c.verdicts:
+        evidence = (
+            shown.text(f"B: {v.evidence_after}\n")
+            + shown.text(f"A: {v.evidence_before}\n", "dim")
+            + _why_cell(v.attribution)
+        )
+        grid.add_row(
+            shown.text(v.claim),
+            shown.text(_short(v.test)),
+            shown.text(f"{v.before} -> {v.after}"),
+            evidence,
+        )
+    console.print(grid)
+
+
+def _verdict_blocks(c: Comparison, console) -> None:
+    """Per changed verdict: the claim, A -> B and the test on one line, then B's evidence, A's
+    and why, indented."""
+    for v in c.verdicts:
+        console.print(shown.text(f"{v.claim}  {v.before} -> {v.after}  {_short(v.test)}", "bold"))
+        _indented(console, f"B: {v.evidence_after}")
+        _indented(console, f"A: {v.evidence_before}", "dim")
+        _indented(console, f"why: {v.attribution.why}", _why_style(v.attribution))
+
+
+def _metric_table(c: Comparison, console) -> None:
+    from rich.table import Table
+
+    grid = Table(expand=True)
+    grid.add_column("", no_wrap=True)
+    grid.add_column("claims", max_width=24, overflow="fold")
+    grid.add_column("metric (test)", ratio=1, overflow="fold")
+    grid.add_column("A -> B", max_width=24, overflow="fold")
+    grid.add_column("change", no_wrap=True)
+    grid.add_column("p", max_width=14, overflow="fold")
+    for m in c.metrics:
+        metric = shown.text(f"{m.metric}\n") + shown.text(_short(m.test), "dim")
+        if m.flagged:
+            metric += shown.text("\n") + _why_cell(m.attribution)
+        grid.add_row(
+            shown.text(_flag(m)),
+            shown.text(", ".join(m.claims)),
+            metric,
+            _change_cell(m),
+            shown.text(_percent(m.relative)),
+            shown.text(f"{m.p_value:.2g}" if m.p_value is not None else m.note),
+            style=_style(m.attribution) if m.flagged else None,
+        )
+    console.print(grid)
+
+
+def _metric_blocks(c: Comparison, console) -> None:
+    """Per metric change: its flag, claims and name on one line, then A -> B, the change, p and
+    the test, and for a flagged one why, indented."""
+    for m in c.metrics:
+        flag = f"{_flag(m)}  " if m.flagged else ""
+        head = f"{flag}{', '.join(m.claims) or '(no claim)'}  {m.metric}"
+        console.print(shown.text(head, _style(m.attribution) if m.flagged else ""))
+        p = f"p {m.p_value:.2g}" if m.p_value is not None else m.note
+        means = f"{_means(m)} ({_repetitions(m)})" if _repetitions(m) else _means(m)
+        _indented(console, f"{means}, {_percent(m.relative)}, {p}; {_short(m.test)}")
+        if m.flagged:
+            _indented(console, f"why: {m.attribution.why}", _why_style(m.attribution))
+
+
+def _indented(console, text: str, style: str = "") -> None:
+    """`text` as data, wrapped at the console's width under table.INDENT."""
+    for line in table.indented(shown.visible(text), console.width, table.INDENT):
+        console.print(line, style=style, soft_wrap=True, markup=False, highlight=False)
+
+
 def _style(attribution: Attribution) -> str:
     return "yellow" if attribution.explained else "bold red"
 
 
+def _why_style(attribution: Attribution) -> str:
+    return "yellow" if attribution.explained else "bold"
+
+
 def _why_cell(attribution: Attribution):
-    return shown.text(f"why: {attribution.why}", "yellow" if attribution.explained else "bold")
+    return shown.text(f"why: {attribution.why}", _why_style(attribution))
 
 
 def _flag(m: MetricChange) -> str:
@@ -700,10 +771,23 @@ def _flag(m: MetricChange) -> str:
 
 
 def _change_cell(m: MetricChange):
-    cell = shown.text(f"{statistics.fmean(m.before):.4g} -> {statistics.fmean(m.after):.4g}")
-    if len(m.before) > 1 or len(m.after) > 1:
-        cell.append(f"\nmeans, n={len(m.before)} vs {len(m.after)}", "dim")
+    cell = shown.text(_means(m))
+    if _repetitions(m):
+        cell.append(f"\n{_repetitions(m)}", "dim")
     return cell
+
+
+def _means(m: MetricChange) -> str:
+    return f"{statistics.fmean(m.before):.4g} -> {statistics.fmean(m.after):.4g}"
+
+
+def _repetitions(m: MetricChange) -> str:
+    """How many samples each mean is of, where either is of several; "" where both are one."""
+    return (
+        f"means, n={len(m.before)} vs {len(m.after)}"
+        if max(len(m.before), len(m.after)) > 1
+        else ""
+    )
 
 
 def _short(test: str) -> str:

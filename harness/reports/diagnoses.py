@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # harness.lab.diagnose imports torch, which the report readin
 EXPERIMENT = "amp-harness-diagnose"
 KIND = "diagnosis"
 FOLDER = "diagnoses"
-REASON_CHARS = 500  # of a recipe's reasons in the terminal table; the file and MLflow keep all
 
 
 def save(diagnosis: Diagnosis, reports: Path) -> Path:
@@ -124,17 +123,19 @@ def render(diagnosis: Diagnosis, width: int, color: bool) -> str:
         _wrapped(console, " | ".join(run.reasons), width, "      ")
         for check in run.fixes:
             verdict = "held" if check.held else "did not hold"
-            _wrapped(console, f"fix tried: {check.fix} -> {check.status} ({verdict})", width,
-                     "      ")  # fmt: skip
+            against = "" if check.reference == REFERENCE else f", against {check.reference}"
+            _wrapped(console, f"fix tried: {check.fix} -> {check.status} ({verdict}{against})",
+                     width, "      ")  # fmt: skip
     if diagnosis.verify:
         _render_verify(console, diagnosis.verify, width)
     return console.file.getvalue()
 
 
 def _wrapped(console: Console, text: str, width: int, indent: str) -> None:
-    # The model's own module names are in the reasons: shown as data (harness.common.shown).
-    why = cap(visible(text), "in the diagnosis file", REASON_CHARS)
-    for line in textwrap.wrap(why, width=max(width - len(indent), 40)):
+    """Wrapped, never cut: a reason cut short hid the rest of the judgement (a half run's list
+    of 34 norm layers crowded out its other reasons). The model's own module names are in the
+    reasons: shown as data (harness.common.shown)."""
+    for line in textwrap.wrap(visible(text), width=max(width - len(indent), 40)):
         console.print(f"{indent}{line}", markup=False, highlight=False)
 
 
@@ -149,6 +150,8 @@ def _render_verify(console: Console, verify: dict, width: int) -> None:
         held = "" if row["held"] is None else _held_word(row["predicted"], row["held"])
         _wrapped(console, f"{row['recipe']}: said {row['predicted']}, {row['truth']} "
                  f"({row['why']}){held}", width, "  ")  # fmt: skip
+    if verify["noise_note"]:
+        _wrapped(console, verify["noise_note"], width, "  ")
     for fix in verify["fixes"]:
         word = "the fix held" if fix["held"] else "THE FIX DID NOT HOLD"
         _wrapped(console, f"fix {fix['fix']}: {fix['truth']} ({fix['why']}): {word}", width, "  ")

@@ -81,7 +81,7 @@ from harness.records.tracking import (
     LEFT_OUT,
 )
 from harness.reports import atlas, diagnoses, differences, table
-from harness.reports.table import cap
+from harness.reports.table import PER_CLAIM_AND_TEST, cap
 
 DEFAULT_NAME = "report"  # a fixed name, overwritten by the next build: a stable path to bookmark
 EMBEDDED_UI = "http://127.0.0.1:5000"  # what `amp-harness ui` (and `mlflow ui`) serve by default
@@ -247,7 +247,7 @@ def build(
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     work.chmod(0o755)  # mkdtemp's 0o700 would hide the report from the people it is for
     try:
-        with _reading(tracking_uri, "downloading the figures"):
+        with _reading(tracking_uri, "downloading the figures"), tracking.progress_bars_off():
             figures = [_figures(env, tracking_uri, work, i) for i, env in enumerate(environments)]
         counts = [
             Counter(e.kind for _claim, cells in ledger for e in cells[i].entries)
@@ -265,6 +265,7 @@ def build(
             "classes": _classes(environments),
             "hardware_note": HARDWARE_NOTE,
             "counts": counts,
+            "counted": PER_CLAIM_AND_TEST,  # the words the session's last lines count claims in
             "ledger": ledger,
             "differences": differ,
             "atlas": autocast_atlas,
@@ -745,7 +746,7 @@ def _overview(environments: list[Environment], counts: list[Counter], work: Path
             ax.barh(labels, widths, left=left, color=colour, label=kind)
             left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()
-    ax.set_xlabel("verdicts in the ledger (one per claim and test)")
+    ax.set_xlabel(f"verdicts in the ledger ({PER_CLAIM_AND_TEST})")
     ax.legend(ncols=6, fontsize="small", loc="lower left", bbox_to_anchor=(0, 1.02))
     file = "verdicts.png"
     fig.savefig(work / file, dpi=100)

@@ -1,8 +1,13 @@
-"""The verdicts printed at the end of a session. By default `summary`: the devices once, then
-one line per claim (its ID, its verdict across the session's tests by harness.catalogue.verdicts'
-rule, and the start of its evidence cut to the terminal's width), then the counts: it reads at 80
-columns and in a CI log. With `pytest -v`, `render`: the full table, each test's own status and
-evidence.
+"""The verdicts printed at the end of a session, chosen by `for_terminal`:
+- on a terminal, `summary`: the devices once, then one line per claim (its ID, its verdict across
+  the session's tests by harness.catalogue.verdicts' rule, and the start of its evidence cut to
+  the terminal's width); under `pytest -v` on a wide terminal, `render`: the full table, each
+  test's own status and evidence;
+- in a CI log or a pipe (no terminal), and under -v on a narrow terminal, `blocks`: each claim's
+  ID and verdict on one line, its evidence in full on the lines under it, indented and wrapped
+  at the width (a table's evidence column at 80 columns was 20 characters wide: one claim took
+  30 lines, and the summary's cut evidence never showed a number).
+The counts (`counts_line`) close the session, after pytest's own summary (harness.plugin).
 
 Evidence is capped where it is shown (`cap`: EVIDENCE_CHARS characters and EVIDENCE_LINES lines
 per test, then how much more there is and where): a scenario that puts 1 MB into its evidence
@@ -13,6 +18,7 @@ report (harness.reports.report) caps its entries the same way.
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from collections import Counter
 
 from rich.console import Console
@@ -32,13 +38,21 @@ VERDICT_STYLE = {
     "skipped": "dim",
 }
 KIND_STYLE = {verdicts.FAILED: "bold red", verdicts.REGRESSION: "bold red reverse"}
-# Above what any scenario writes (the longest, test_convergence's seeds and intervals, is about
-# 1,200 characters on one line), so real evidence is shown whole; past it, one row would bury
-# the other claims.
-EVIDENCE_CHARS = 1500
+# Above what any scenario writes (the longest, test_convergence's seeds and intervals, is 1,784
+# characters on one line: 1,500 cut its last 284 in a CI log), so real evidence is shown whole;
+# past it, one claim would bury the others.
+EVIDENCE_CHARS = 4000
 EVIDENCE_LINES = 12
 IN_THE_JOURNAL = "in the journal and record.json"
 SOURCE_CHARS = 48  # a claim's source under its ID: enough to recognise it, the rest in `list`
+# Under -v, a terminal narrower than this gets blocks, not the table: the table's evidence
+# column is what is left of the width after the claim, verdict and device columns.
+TABLE_WIDTH = 120
+INDENT = "    "  # a block's evidence, under its claim
+# What a count of verdicts counts, said in the same words wherever one is shown: the session's
+# last lines count claims, the report's header claim-test pairs.
+PER_CLAIM = "one verdict per claim, across its tests"
+PER_CLAIM_AND_TEST = "one verdict per claim and test"
 
 
 def cap(text: str, where: str, chars: int = EVIDENCE_CHARS, lines: int = EVIDENCE_LINES) -> str:
@@ -129,9 +143,21 @@ def _title(records: list[Record]) -> Text:
     return shown.text(f"amp-harness verdicts on {'; '.join(devices)}", style="bold")
 
 
+def for_terminal(
+    records: list[Record], width: int, color: bool, encoding: str | None, verbose: bool, tty: bool
+) -> str:
+    """The verdicts as the end of a session shows them (the module docstring): `summary` on a
+    terminal, `render` under -v on one at least TABLE_WIDTH wide, else `blocks`."""
+    if tty and not verbose:
+        return summary(records, width, color, encoding)
+    if tty and width >= TABLE_WIDTH:
+        return render(records, width, color, encoding)
+    return blocks(records, width, color, encoding, verbose)
+
+
 def summary(records: list[Record], width: int, color: bool, encoding: str | None = None) -> str:
-    """One line per claim under a title naming the devices once, then the counts by verdict.
-    Text from records is shown as data (harness.common.shown), in the terminal's `encoding`."""
+    """One line per claim under a title naming the devices once. Text from records is shown as
+    data (harness.common.shown), in the terminal's `encoding`."""
     found = _in_catalogue_order(records)
     known = catalogue()
     console = _console(width, color, encoding)
@@ -145,17 +171,73 @@ def summary(records: list[Record], width: int, color: bool, encoding: str | None
         line.append(f"{label:<{label_width}}", style=_style(verdict.label))
         line.append(shown.visible(f"  {_headline(verdict, room)}") if room > 10 else "")
         console.print(line, no_wrap=True, overflow="ellipsis")
-    counts = Counter(_kind(verdict) for _claim, verdict in found)
-    console.print(
-        Text(
-            f"{len(found)} claims: "
-            + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=_count_order))
-            + ". The evidence in full: pytest -v, the report, `amp-harness list`."
-        )
-    )
+    console.print(Text("The evidence in full: pytest -v, the report, `amp-harness list`."))
     for line in regressions(records):
         console.print(shown.text(line), style=KIND_STYLE[verdicts.REGRESSION])
     return console.file.getvalue()
+
+
+def blocks(
+    records: list[Record],
+    width: int,
+    color: bool,
+    encoding: str | None = None,
+    verbose: bool = False,
+) -> str:
+    """Each claim as a block that wraps at `width`: its ID and verdict on one line, then its
+    evidence in full (`cap`ped), indented; where several tests checked it, or under -v
+    (`verbose`), a line per test naming it and its status, and under -v where a claim from
+    beyond the article comes from. Text from records is shown as data."""
+    known = catalogue()
+    console = _console(width, color, encoding)
+    console.print(_title(records))
+    for claim, verdict in _in_catalogue_order(records):
+        head = Text(f"{claim}  ")
+        head.append(against_expected(verdict.label, known.get(claim)), style=_style(verdict.label))
+        console.print(head)
+        lines = _evidence_lines(verdict, verbose)
+        source = known.get(claim)
+        if verbose and source is not None and source.catalogue != ARTICLE:
+            lines.append(f"source: {source.source}")
+        for line in lines:
+            for wrapped in indented(shown.visible(line), width, INDENT):
+                console.print(Text(wrapped), soft_wrap=True)  # wrapped already: never again
+    for line in regressions(records):
+        console.print(shown.text(line), style=KIND_STYLE[verdicts.REGRESSION])
+    return console.file.getvalue()
+
+
+def _evidence_lines(verdict: verdicts.ClaimVerdict, per_test: bool) -> list[str]:
+    """The claim's evidence, each test's capped: the one test's text, or a line per test naming
+    it and its status (`per_test`, or several tests)."""
+    if len(verdict.statuses) == 1 and not per_test:
+        return cap(verdict.statuses[0].evidence, IN_THE_JOURNAL).split("\n")
+    return [
+        f"[{s.label}] {s.test.split('::')[-1]}: {cap(s.evidence, IN_THE_JOURNAL)}"
+        for s in verdict.statuses
+    ]
+
+
+def indented(text: str, width: int, indent: str, whole_words: bool = False) -> list[str]:
+    """`text` wrapped at `width`, each of its lines indented by `indent` and a line it wraps
+    into by two more spaces (textwrap: `->` and `2**-14` never split at their dash). A word
+    longer than the width is split, unless `whole_words` (a path or a command to copy)."""
+    return [
+        wrapped
+        for line in text.split("\n")
+        for wrapped in textwrap.wrap(
+            line, width, initial_indent=indent, subsequent_indent=indent + "  ",
+            break_on_hyphens=False, break_long_words=not whole_words,
+        ) or [indent.rstrip()]
+    ]  # fmt: skip
+
+
+def counts_line(records: list[Record]) -> str:
+    """How many claims the session decided, by verdict, and what is counted."""
+    found = _in_catalogue_order(records)
+    counts = Counter(_kind(verdict) for _claim, verdict in found)
+    by_kind = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=_count_order))
+    return f"{len(found)} claim{'s' if len(found) != 1 else ''}: {by_kind} ({PER_CLAIM})."
 
 
 def _headline(verdict: verdicts.ClaimVerdict, room: int) -> str:

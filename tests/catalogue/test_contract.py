@@ -135,6 +135,22 @@ def test_the_generated_file_is_lint_clean(tmp_path):
         assert ran.returncode == 0, ran.stdout + ran.stderr
 
 
+def test_new_expected_writes_the_teams_verdict_into_the_catalogue(tmp_path, capsys):
+    folder = scenarios(tmp_path)
+    statement = ["--claim", "TEAM-MINE", "It holds.", "--scenarios", str(folder)]
+    assert cli.main(["new", "mine", *statement, "--expected", "partly"]) == 0
+    (entry,) = claims.load_toml_catalogue(folder / "claims.toml", "project").values()
+    assert (entry.id, entry.expected) == ("TEAM-MINE", "partly")
+    # Negative control: a word that is not a verdict is refused, and nothing is written.
+    with pytest.raises(SystemExit):
+        cli.main(["new", "other", *statement[3:], "--claim", "TEAM-OTHER", "x", "--expected", "ok"])
+    assert "invalid choice: 'ok'" in capsys.readouterr().err
+    assert not (folder / "test_other.py").exists()
+    with pytest.raises(claims.CatalogueError, match=r"--expected ok: not a verdict.*closest"):
+        contract.new_scenario("other", folder, folder / "claims.toml", expected="ok")
+    assert not (folder / "test_other.py").exists()
+
+
 def test_new_never_overwrites(tmp_path, capsys):
     folder = scenarios(tmp_path, test_demo="# mine\n")
     assert cli.main(["new", "demo", "--scenarios", str(folder)]) == 2

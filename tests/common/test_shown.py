@@ -183,5 +183,6 @@ def test_bytes(record):
         )  # fmt: skip
         out = found.stdout.decode("ascii")
         assert found.returncode == 0, out[-3000:]
-        (line,) = [line for line in out.splitlines() if "FMT-BYTES" in line and "2 bytes" in line]
-        assert "\\n" not in line and "\\u2192" in line, line
+        lines = out.splitlines()  # a log: the claim's block, its evidence on the next line
+        line = lines[lines.index("FMT-BYTES  confirmed") + 1]
+        assert line.startswith("    ") and "\\n" not in line and "\\u2192" in line, line

@@ -127,7 +127,7 @@ def test_a_session_after_a_cut_journal_line_is_synced_and_compared(pytester, cap
     assert "2 results sent, 0 already there" in capsys.readouterr().out
     with pytest.warns(UserWarning, match=corrupt):
         assert cli.main(["compare", "last", first, "--reports", str(reports), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["a"].startswith(f"session {second[:8]} ")
+    assert json.loads(capsys.readouterr().out)["a"].startswith(f"session {second[:12]} ")
     with pytest.warns(UserWarning, match=corrupt):
         code = cli.main(["baseline", "save", "--reports", str(reports), "--out", str(reports)])
     assert code == 0

@@ -19,6 +19,7 @@ from conftest import REPO
 from harness import cli
 from harness.catalogue import claims, contract
 from harness.common import shown
+from harness.records.journal import Journal
 from harness.reports import report
 
 
@@ -35,8 +36,33 @@ def amp(*args: str, cwd) -> subprocess.CompletedProcess:
 
 def test_help_lists_every_command():
     text = cli.parser().format_help()
-    for command in ("run", "list", "sync", "ui"):
+    for command in ("run", "list", "sync", "ui", "sessions", "compare", "report", "baseline"):
         assert command in text
+    assert "the recorded sessions: id, start, commit, hardware class" in " ".join(text.split())
+
+
+SCENARIO = """
+import pytest
+
+@pytest.mark.claim("FMT-BYTES")
+def test_bytes(record):
+    record.verdict("FMT-BYTES", "confirmed", "fp16 2 bytes, fp32 4 bytes")
+"""
+
+
+def test_run_ends_with_the_session_id_it_recorded(pytester, capsys):
+    """`compare` takes session ids, and `amp-harness run` printed none. (pytester: its folder
+    is the current one, and the scenario module leaves sys.modules with it.)"""
+    pytester.makepyfile(**{"scenarios/test_run_id": SCENARIO})
+    pytester.makeini("[pytest]\n")  # the rootdir: scenarios/ is in it
+    code = cli.main(["run", "--amp-device=cpu", "--no-mlflow", "-p", "no:cacheprovider"])
+    assert code == 0
+    (session,) = Journal(pytester.path / "reports" / "journal.jsonl").index()
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == (
+        f"session {session[:12]}: compare it with another, `amp-harness compare ID "
+        f"{session[:12]}`; every session: `amp-harness sessions`"
+    )
 
 
 @pytest.mark.slow

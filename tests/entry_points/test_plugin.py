@@ -35,7 +35,9 @@ def journal_records(pytester: pytest.Pytester) -> list[dict]:
 def test_passing_scenario_prints_the_verdict_table_and_journals_it(pytester):
     result = run(pytester, GOOD)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*amp-harness verdicts*", "*FMT-BYTES*confirmed*fp16 2 bytes*"])
+    result.stdout.fnmatch_lines(
+        ["*amp-harness verdicts*", "FMT-BYTES  confirmed", "    fp16 2 bytes, fp32 4 bytes"]
+    )
     (rec,) = journal_records(pytester)
     assert rec["outcome"] == "passed"
     assert rec["verdicts"] == [

@@ -16,8 +16,7 @@ from torch import nn
 
 from harness.cli import main
 from harness.lab import devices, diagnose
-from harness.lab import diagnose_examples as examples
-from harness.lab.diagnose import KEEP_IN_FP32, NEEDS_SCALING, SAFE, Subject
+from harness.lab.diagnose import KEEP_IN_FP32, NEEDS_SCALING, SAFE, Subject, examples
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS = 4
@@ -57,6 +56,8 @@ def test_the_harness_mlp_is_safe_in_fp16_with_scaling(mlp):
     run = mlp.runs["amp-fp16"]
     assert run.status == SAFE and run.drift < diagnose.DRIFT_MAX and run.skipped == 0
     assert "every loss finite" in run.reasons[0] and "below fp16's 65504" in run.reasons[0]
+    # The autocast policy it was measured under: the CPU's lists, not CUDA's.
+    assert "measured under CPU autocast's op lists (torch 2." in run.reasons[0]
     assert mlp.runs["fp32"].status == diagnose.REFERENCE_STATUS
 
 
@@ -103,11 +104,14 @@ def test_tiny_gradients_need_loss_scaling_and_the_scaler_fixes_it():
     assert found.runs["fp32"].underflow > diagnose.UNDERFLOW_MAX
     assert found.runs["amp-fp16-noscaler"].status == NEEDS_SCALING
     assert "round to zero in fp16" in found.runs["amp-fp16-noscaler"].reasons[0]
-    assert found.runs["amp-fp16"].status == SAFE  # GradScaler: the remedy it names
+    scaled = found.runs["amp-fp16"]
+    assert scaled.status == SAFE  # GradScaler: the remedy it names
+    # The unscaled recipe's underflow is no note on the scaled one, which it does not concern.
+    assert "zero" not in scaled.reasons[0] and "flush" not in scaled.reasons[0], scaled.reasons
 
 
 def cnn_on_smaller_batches() -> Subject:
-    """The harness's CNN example (diagnose_examples.cnn) on the first 16 images of each of its
+    """The harness's CNN example (examples.cnn) on the first 16 images of each of its
     batches of 64. Its 19-channel fp16 convolutions are slow on the CPU (a backward pass of 64
     images took 1 s), and what the tests below judge is the model's, not the batch size's: at 16
     as at 64, the largest value of any op is ~10, the BatchNorms' statistics ~1, the fp16 runs
@@ -172,7 +176,7 @@ def bad_loss():
 
 def test_an_unknown_recipe_is_an_error_before_the_factory_runs(capsys):
     code = main(
-        ["diagnose", "harness.lab.diagnose_examples:mlp", "--recipes", "amp-fp8", "--no-mlflow"]
+        ["diagnose", "harness.lab.diagnose.examples:mlp", "--recipes", "amp-fp8", "--no-mlflow"]
     )
     assert code == 2 and "unknown recipe 'amp-fp8'" in capsys.readouterr().err
 
@@ -213,11 +217,11 @@ def test_the_command_keeps_the_diagnosis_in_a_file_in_mlflow_and_in_the_report(t
             text=True, timeout=300,
         )  # fmt: skip
 
-    ran = cli("diagnose", "harness.lab.diagnose_examples:fragile", "--device", "cpu",
+    ran = cli("diagnose", "harness.lab.diagnose.examples:fragile", "--device", "cpu",
               "--steps", "3", "--reports", str(reports))  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     assert "amplifier" in ran.stdout and "keep layers in fp32 or use bf16" in ran.stdout
-    (saved,) = (reports / "diagnoses").glob("harness.lab.diagnose_examples_fragile-*.json")
+    (saved,) = (reports / "diagnoses").glob("harness.lab.diagnose.examples_fragile-*.json")
     kept = json.loads(saved.read_text())
     assert kept["runs"]["amp-fp16"]["status"] == KEEP_IN_FP32
     assert "in experiment 'amp-harness-diagnose'" in ran.stdout
@@ -243,13 +247,13 @@ def test_the_command_keeps_the_diagnosis_in_a_file_in_mlflow_and_in_the_report(t
     built = cli("report", "--reports", str(reports), "--baseline", "none")
     assert built.returncode == 0, built.stderr
     page = (reports / "report" / "index.html").read_text()
-    assert 'id="diagnoses"' in page and "harness.lab.diagnose_examples:fragile" in page
+    assert 'id="diagnoses"' in page and "harness.lab.diagnose.examples:fragile" in page
     summary = (reports / "report" / "summary.md").read_text()
     assert "- amp-fp16: **keep layers in fp32 or use bf16**: keep amplifier in fp32" in summary
 
 
 def test_an_unreachable_tracking_server_loses_nothing(tmp_path, capsys):
-    code = main(["diagnose", "harness.lab.diagnose_examples:mlp", "--device", "cpu", "--steps", "2",
+    code = main(["diagnose", "harness.lab.diagnose.examples:mlp", "--device", "cpu", "--steps", "2",
                  "--recipes", "amp-bf16", "--reports", str(tmp_path),
                  "--tracking-uri", "http://127.0.0.1:9"])  # fmt: skip
     out = capsys.readouterr().out
@@ -268,6 +272,9 @@ def test_an_op_inside_a_forward_is_seen_and_named():
     run = found.runs["amp-fp16"]
     assert run.first_nonfinite == (1, "model:exp")
     assert run.status == KEEP_IN_FP32 and "the exp in the model's own forward" in run.reasons[0]
+    # CUDA's autocast documents exp in float32: the hazard is said to be the CPU's.
+    assert "on CUDA, autocast runs exp in float32" in run.reasons[0]
+    assert "this hazard is the CPU's" in run.reasons[0]
     # The leaf modules around it stay finite: a module-only probe would blame `head`.
     assert found.runs["fp32"].ops["head:addmm"].peak < 100
 
@@ -283,17 +290,31 @@ def test_a_scaler_that_takes_no_step_is_never_safe():
 
 
 def _judged(reference_loss, loss, noise=0.0, skips=None, scale=None):
-    from harness.lab.diagnose_rules import Diagnosis, Run
+    from harness.lab.diagnose.rules import Diagnosis, Run
 
     reference = Run("fp32", loss=reference_loss)
     run = Run(
         "amp-fp16", loss=loss, skips=skips or [False] * len(loss),
         scale=scale or [65536.0] * len(loss),
     )  # fmt: skip
-    found = Diagnosis("f", "cpu", "t", len(loss), {"fp32": reference, "amp-fp16": run}, noise=noise)
+    runs = {"fp32": reference, "amp-fp16": run}
+    found = Diagnosis("f", "cpu", torch.__version__, len(loss), runs, noise=noise)
     diagnose.judge(reference, found)
     diagnose.judge(run, found)
     return run
+
+
+def _course(pattern: str) -> tuple[list[bool], list[float]]:
+    """A GradScaler's skips ("x") and the scale each step used, halving after each skip."""
+    skips, scale, now = [], [], 65536.0
+    for mark in pattern:
+        skips.append(mark == "x")
+        scale.append(now)
+        now /= 2 if mark == "x" else 1
+    return skips, scale
+
+
+RECURRING = "x.x.x..."  # settled at 32768 at step 2, then skips at 32768 and 16384: 2 in 7 steps
 
 
 @pytest.mark.parametrize(
@@ -302,17 +323,62 @@ def _judged(reference_loss, loss, noise=0.0, skips=None, scale=None):
         ([1.0, float("inf"), 1.0, 1.0], None, None, "1 of 4 losses non-finite, from step 2"),
         ([1.0] * 4, [True, True, True, False], None, "the scaler took 1 of 4 steps"),
         ([1.0] * 4, [True, False, False, False], [65536, 32768, 0.5, 0.5], "collapsed below 1"),
-        ([1.0] * 4, [False, False, True, False], None, "1 step(s) skipped after training"),
+        ([1.0] * 8, *_course(RECURRING), "2 step(s) skipped at or below the scale 32768"),
     ],
-    ids=["inf-loss", "minority-taken", "scale-collapse", "late-skip"],
+    ids=["inf-loss", "minority-taken", "scale-collapse", "recurring-skips"],
 )
 def test_no_rule_lets_a_broken_run_be_safe(loss, skips, scale, says):
-    run = _judged([1.0] * 4, loss, skips=skips, scale=scale)
+    run = _judged([1.0] * len(loss), loss, skips=skips, scale=scale)
     assert run.status == diagnose.UNSTABLE and any(says in r for r in run.reasons), run.reasons
 
 
 def test_a_clean_run_is_safe():  # the control of the four above
     assert _judged([1.0] * 4, [1.0] * 4).status == SAFE
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["...xx...", ".......x", "x......x", "x..x...."],
+    ids=["two-back-offs-late", "last-step", "one-more-halving", "settled-then-one-more"],
+)
+def test_the_scalers_calibration_is_no_finding_wherever_it_falls(pattern):
+    """GradScaler's 65536 is a guess: its back-offs until it holds a scale, and one more halving
+    after (which the window cannot tell from calibration), are said, not flagged; the old rule
+    called any skip after the first step taken "unstable"."""
+    skips, scale = _course(pattern)
+    run = _judged([1.0] * 8, [1.0] * 8, skips=skips, scale=scale)
+    assert run.status == SAFE, run.reasons
+    assert "the scaler calibrated: " in run.reasons[0] and "from 65536" in run.reasons[0]
+
+
+def benign_mlp() -> Subject:
+    """An 8-16-1 MLP on a linear regression (targets up to 2.77): the scaler's first back-off
+    comes at step 5, after 4 steps taken at 65536."""
+    torch.manual_seed(3)
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(8, 1, generator=g) * 0.45
+
+    def batches():
+        while True:
+            x = torch.randn(16, 8, generator=g)
+            yield x, x @ w
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    return Subject(model, batches(), nn.functional.mse_loss)
+
+
+def test_the_benign_mlp_is_safe_under_amp_fp16_and_a_good_fix_for_half():
+    found = diagnose.diagnose(benign_mlp, "cpu", steps=8, names=["amp-fp16", "half"])
+    scaled = found.runs["amp-fp16"]
+    assert scaled.skipped >= 1, scaled.skips  # the back-off this test is about happened
+    assert scaled.status == SAFE, scaled.reasons
+    (alternative,) = [c for c in found.runs["half"].fixes if c.fix == "use amp-fp16"]
+    assert alternative.held, alternative
+    # Negative control: gradients overflowing at any scale stay unstable (zoo.raw_targets).
+    import zoo
+
+    raw = diagnose.diagnose(zoo.raw_targets, "cpu", steps=STEPS, names=["amp-fp16"])
+    assert raw.runs["amp-fp16"].status == diagnose.UNSTABLE
 
 
 def test_drift_is_a_finding_only_beyond_fp32s_own_spread():
@@ -324,7 +390,7 @@ def test_drift_is_a_finding_only_beyond_fp32s_own_spread():
 
 
 def test_the_forecast_extends_the_growth_and_says_where_it_reaches_65504():
-    from harness.lab.diagnose_rules import OpRange, Run, forecast
+    from harness.lab.diagnose.rules import OpRange, Run, forecast
 
     run = Run("fp32")
     run.ops["ff.wo:mm"] = OpRange("float32", peak=4000, peaks=[1000, 2000, 3000, 4000])
@@ -361,7 +427,7 @@ def test_a_capability_regression_is_shown_and_exits_1(monkeypatch, tmp_path, cap
         return real(self, *needs, **kwargs)
 
     monkeypatch.setattr(DeviceInfo, "missing", missing)
-    code = main(["diagnose", "harness.lab.diagnose_examples:mlp", "--device", "cpu", "--steps", "2",
+    code = main(["diagnose", "harness.lab.diagnose.examples:mlp", "--device", "cpu", "--steps", "2",
                  "--recipes", "amp-bf16", "--reports", str(tmp_path), "--no-mlflow"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 1 and "capability regression" in out and "not run" not in out
@@ -369,7 +435,7 @@ def test_a_capability_regression_is_shown_and_exits_1(monkeypatch, tmp_path, cap
     monkeypatch.setattr(
         DeviceInfo, "missing", lambda self, *n, **k: Lack("bf16_autocast", "absent here")
     )
-    code = main(["diagnose", "harness.lab.diagnose_examples:mlp", "--device", "cpu", "--steps", "2",
+    code = main(["diagnose", "harness.lab.diagnose.examples:mlp", "--device", "cpu", "--steps", "2",
                  "--recipes", "amp-bf16", "--reports", str(tmp_path), "--no-mlflow"])  # fmt: skip
     assert code == 0 and "not run" in capsys.readouterr().out
 
@@ -426,7 +492,7 @@ def test_a_hostile_factory_ends_with_an_error_naming_it(
 def test_a_diagnosis_that_cannot_be_saved_is_printed_first(tmp_path, capsys):
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
-    code = main(["diagnose", "harness.lab.diagnose_examples:mlp", "--device", "cpu", "--steps", "2",
+    code = main(["diagnose", "harness.lab.diagnose.examples:mlp", "--device", "cpu", "--steps", "2",
                  "--recipes", "amp-bf16", "--reports", str(blocked), "--no-mlflow"])  # fmt: skip
     captured = capsys.readouterr()
     assert code == 1 and "amp-bf16" in captured.out and "safe" in captured.out
@@ -434,7 +500,7 @@ def test_a_diagnosis_that_cannot_be_saved_is_printed_first(tmp_path, capsys):
 
 
 def test_verify_shorter_than_the_quick_look_is_an_error(capsys):
-    code = main(["diagnose", "harness.lab.diagnose_examples:mlp", "--device", "cpu", "--steps", "8",
+    code = main(["diagnose", "harness.lab.diagnose.examples:mlp", "--device", "cpu", "--steps", "8",
                  "--verify", "4", "--no-mlflow"])  # fmt: skip
     assert code == 2 and "--verify 4: at least --steps (8) steps" in capsys.readouterr().err
 
@@ -506,3 +572,187 @@ def test_a_model_without_data_to_train_is_one_line_naming_the_factory_and_the_fi
     assert err.startswith(f"amp-harness: error: factory {spec!r}: ") and err.count("\n") == 1
     assert says in err and "Fix: " in err, err
     assert not (tmp_path / "reports").exists()  # nothing written for a factory that failed
+
+
+# --- what the copy, the logged loss and the terminal hide ----------------------------------------
+
+
+class Gathering(nn.Module):
+    """A model whose forward hook gathers its hidden activations for a penalty in the loss."""
+
+    def __init__(self, bound_to_self: bool):
+        super().__init__()
+        self.body, self.head = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.acts: list[torch.Tensor] = []
+        if bound_to_self:  # the pitfall: the closure holds this object, not the deep copy
+            self.body.register_forward_hook(lambda _m, _i, out: self.acts.append(out))
+        else:
+            self.body.register_forward_hook(_keep_on_module)
+
+    def forward(self, x):
+        self.acts.clear()
+        self.body.acts = []
+        out = self.head(torch.relu(self.body(x)))
+        gathered = self.acts or self.body.acts
+        return out, sum(a.pow(2).mean() for a in gathered)
+
+
+def _keep_on_module(module, _inputs, out):
+    module.acts.append(out)
+
+
+def _penalised(out, y):
+    logits, penalty = out
+    return nn.functional.cross_entropy(logits, y) + penalty
+
+
+def _gathering(bound_to_self: bool):
+    def make() -> Subject:
+        torch.manual_seed(0)
+        x = torch.randn(16, 8) * 3
+        return Subject(Gathering(bound_to_self), [(x, (x[:, 0] > 0).long())] * 8, _penalised)
+
+    return make
+
+
+def test_a_hook_bound_to_the_original_model_is_refused_naming_the_cause():
+    """diagnose trains deep copies: a hook closing over the original kept feeding the original,
+    and the penalty vanished from every recipe without a word."""
+    with pytest.raises(diagnose.DiagnoseError) as raised:
+        diagnose.diagnose(_gathering(True), "cpu", steps=2, names=["amp-bf16"])
+    said = str(raised.value)
+    assert "a deep copy of its model gives another loss than the model itself" in said
+    assert "forward hooks on: body" in said and "Fix: let hooks keep" in said
+    # Control: the same penalty gathered on the module the hook is called with copies fine.
+    found = diagnose.diagnose(_gathering(False), "cpu", steps=2, names=["amp-bf16"])
+    assert found.runs["amp-bf16"].status == SAFE
+
+
+class SummedPenalty(nn.Module):
+    """A classifier whose loss adds a penalty on its activations written as sum()/numel(): the
+    sum of their squares is beyond 65504, so under CPU autocast (sum and pow stay fp16) the
+    logged loss is inf, while the gradient of a sum does not depend on its value."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(8, 256), nn.Linear(256, 4)
+
+    def forward(self, x):
+        hidden = self.body(x)
+        return self.head(torch.relu(hidden)), hidden
+
+
+def _summed(out, y):
+    logits, hidden = out
+    return nn.functional.cross_entropy(logits, y) + 1e-3 * hidden.pow(2).sum() / hidden.numel()
+
+
+def summed_penalty() -> Subject:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+
+    def batches():
+        while True:
+            x = torch.randn(64, 8, generator=g) * 4
+            yield x, (x[:, 0] > 0).long()
+
+    return Subject(SummedPenalty(), batches(), _summed)
+
+
+def test_a_logged_loss_that_overflows_is_told_from_training_that_diverges():
+    from harness.lab.diagnose.verify import LOGGED_OVERFLOW
+
+    found = diagnose.diagnose(
+        summed_penalty, "cpu", steps=STEPS, verify=8, names=["amp-fp16-noscaler"]
+    )
+    run = found.runs["amp-fp16-noscaler"]
+    # The op and the remedy stay: the loss's sum, computed on fp32 outputs.
+    assert run.status == KEEP_IN_FP32 and "the loss's sum" in run.reasons[0], run.reasons
+    said = " ".join(run.reasons)
+    assert "the logged loss overflows fp16 (the value reported, not the training)" in said
+    assert run.params_finite and run.fp32_loss is not None
+    (row,) = [r for r in found.verify["rows"] if r["recipe"] == "amp-fp16-noscaler"]
+    assert row["truth"] == LOGGED_OVERFLOW and row["held"], row
+    # Control: weights that do go (half with AdamW's eps 0 in fp16) still diverge.
+    half = diagnose.diagnose(summed_penalty, "cpu", steps=STEPS, names=["half"]).runs["half"]
+    assert "the logged loss overflows" not in " ".join(half.reasons) and not half.params_finite
+
+
+def test_the_terminal_wraps_every_reason_and_cuts_none():
+    from harness.lab.diagnose.rules import Diagnosis, Run
+    from harness.reports.diagnoses import render
+
+    words = [f"reason-{i:03d}" for i in range(120)]  # 1,320 characters
+    run = Run("amp-fp16", loss=[1.0], status=SAFE, reasons=[" ".join(words)])
+    found = Diagnosis("f", "cpu", torch.__version__, 1, {"fp32": Run("fp32"), "amp-fp16": run})
+    shown = render(found, 80, False)
+    assert all(word in shown for word in words) and "more characters" not in shown
+    assert max(len(line) for line in shown.splitlines()) <= 80
+
+
+# --- fp32's seed spread, and the fix judged against fp32 with the same change -------------------
+
+
+class Scaled1d(nn.Module):
+    """A parameter no reset_parameters() covers, beside a Linear that has one."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+
+    def forward(self, x):
+        return self.linear(x) * self.gain
+
+
+def test_the_seed_spread_redraws_the_weights_as_the_factory_drew_them():
+    from harness.lab.diagnose.runs import reinitialised
+
+    torch.manual_seed(0)
+    model = Scaled1d()
+    nn.init.normal_(model.linear.weight, std=0.02)  # a factory's own init, not torch's default
+    again, note = reinitialised(model, seed=1)
+    new, old = again.linear.weight, model.linear.weight
+    assert not torch.equal(new, old)  # re-drawn...
+    assert torch.allclose(new.std(), old.std()) and torch.allclose(new.mean(), old.mean())
+    # ...the tensor no reset_parameters() covers shuffled, and the note says so.
+    assert sorted(again.gain.tolist()) == sorted(model.gain.tolist())
+    assert "1 parameter tensor(s) no reset_parameters() covers (gain)" in note
+    # Control: a model every module of which can reset needs no note.
+    assert reinitialised(nn.Sequential(nn.Linear(4, 4)), seed=1)[1] == ""
+
+
+def test_a_fix_that_changes_the_optimizer_is_judged_against_fp32_with_the_same_change(mlp):
+    from harness.lab.diagnose.fixes import Fix
+
+    fix = Fix("half", adam_eps=1e-4)
+    subject = examples.mlp()
+    kept = [next(iter(subject.batches)) for _ in range(STEPS)]
+    replay = diagnose.Replay(kept, subject.loss)
+    setting = diagnose.Setting(devices.probe("cpu"), 1e-3, "adamw", None)
+    against = diagnose.fix_reference(fix, mlp, subject.model, replay, setting)
+    reference = against.runs["fp32"]
+    assert reference.fix == "fp32 with AdamW eps 0.0001"
+    assert reference.loss != mlp.runs["fp32"].loss  # the eps moved fp32 too: that is not fp16's
+    assert against.runs["amp-fp16"] is mlp.runs["amp-fp16"] and mlp.runs["fp32"].fix == ""
+    (check,) = [c for c in mlp.runs["half"].fixes if "AdamW eps" in c.fix]
+    assert check.reference == "fp32 with AdamW eps 0.0001"
+
+
+def _verified(run_end: float, held_out: float):
+    from harness.lab.diagnose.rules import Run
+    from harness.lab.diagnose.verify import Noise, _truth
+
+    reference = Run("fp32", loss=[2.0] + [1.0] * 7, held_out_loss=1.0)
+    run = Run("amp-fp16", loss=[2.0] + [run_end] * 7, held_out_loss=held_out)
+    return _truth(run, reference, Noise(0.01, 0.01))
+
+
+def test_verify_looks_both_ways():
+    from harness.lab.diagnose.verify import DIFFERS, FINE, HARMED, _held
+
+    assert _verified(1.2, 1.2)[0] == HARMED
+    better, why = _verified(0.8, 0.8)  # 20% better than fp32: another run, not fp32's
+    assert better == DIFFERS and "better beyond the spread" in why
+    assert not _held(SAFE, DIFFERS) and _held(diagnose.OPTIMIZER_IN_FP16, DIFFERS)
+    assert _verified(1.001, 0.999)[0] == FINE  # control: inside the spread both ways

@@ -10,6 +10,7 @@ import torch
 
 from harness.common.errors import HarnessError
 from harness.lab import data, devices, models, recipes
+from harness.lab import train as train_module
 from harness.lab.train import evaluate, train
 
 KINDS = ("mlp", "cnn", "transformer")
@@ -213,3 +214,56 @@ def test_unknown_optimizer_raises(cpu):
 def test_a_target_below_the_smallest_model_raises():
     with pytest.raises(HarnessError, match="no width gets within"):
         models.plan("transformer", 100)
+
+
+def test_an_optimizer_factory_gets_the_prepared_model_and_the_lr(cpu):
+    task = data.make_task("mlp")
+    made = []
+
+    def plain_sgd(model, lr):
+        made.append(torch.optim.SGD(model.parameters(), lr=lr))
+        return made[-1]
+
+    model = models.build("mlp", 10_000, **task.model_options)
+    with recipes.get("fp32").bind(cpu) as precision:
+        history = train(model, precision, task, steps=3, lr=0.25, optimizer=plain_sgd)
+    (optimizer,) = made
+    assert optimizer.defaults["lr"] == 0.25 and optimizer.defaults["momentum"] == 0
+    assert len(history.loss) == 3 and optimizer.state_dict()["state"] == {}  # no momentum kept
+    # Negative control: the named "sgd" keeps a momentum buffer, as train.OPTIMIZERS states.
+    named = train_module._named_optimizer("sgd", model, 0.25, None)
+    assert named.defaults["momentum"] == 0.9 and "momentum=0.9" in train_module.OPTIMIZERS["sgd"]
+
+
+def test_a_factory_of_two_optimizers_trains_both_halves_with_one_scaler(cpu):
+    task = data.make_task("mlp")
+    model = models.build("mlp", 10_000, **task.model_options)
+    params = list(model.parameters())
+    before = [p.detach().clone() for p in params]
+
+    def split(model, lr):
+        half = len(params) // 2
+        return [torch.optim.SGD(params[:half], lr=lr), torch.optim.SGD(params[half:], lr=lr)]
+
+    reports = []
+    with recipes.get("amp-fp16").bind(cpu) as precision:
+        train(model, precision, task, steps=2, lr=0.1, optimizer=split,
+              on_step=lambda _model, report: reports.append(report))  # fmt: skip
+    assert all(len(r.skipped_each) == 2 for r in reports)
+    assert all(not torch.equal(p, b) for p, b in zip(params, before, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("factory", "adam_eps", "error"),
+    [
+        (lambda model, lr: "sgd", None, r"the factory returned 'sgd': return a torch.optim"),
+        (lambda model, lr: [], None, r"the factory returned \[\]"),
+        (lambda model, lr: torch.optim.AdamW(model.parameters()), 1e-6, r"adam_eps.*factory"),
+    ],
+    ids=["not-an-optimizer", "empty-list", "adam-eps-with-a-factory"],
+)
+def test_a_bad_optimizer_factory_says_what_to_return(cpu, factory, adam_eps, error):
+    task = data.make_task("mlp")
+    model = models.build("mlp", 10_000, **task.model_options)
+    with recipes.get("fp32").bind(cpu) as precision, pytest.raises(HarnessError, match=error):
+        train(model, precision, task, steps=1, lr=1e-3, optimizer=factory, adam_eps=adam_eps)

@@ -159,3 +159,105 @@ def test_a_wrapped_timing_arm_runs_with_its_recipes_tf32_flags(tf32_api):
     arm()
     assert seen == [{"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False}]
     assert tf32.tf32_flags() == before  # restored after the call
+
+
+# --- a team's own recipe, and several optimizers sharing one scaler -----------------------------
+
+
+def test_a_team_recipe_built_by_keyword_trains_bf16_parameters_without_autocast():
+    bf16 = recipes.Recipe("bf16-params", "bf16 parameters", param_dtype=torch.bfloat16)
+    with bf16.bind(CPU) as precision:
+        model = precision.prepare(torch.nn.Linear(8, 4))
+        with precision.forward():
+            out = model(precision.cast_input(torch.ones(2, 8)))
+    assert model.weight.dtype == out.dtype == torch.bfloat16
+    assert precision.scaler is None and not torch.is_autocast_enabled("cpu")
+
+
+def test_a_recipe_converts_the_model_and_takes_a_scaler_of_its_own():
+    frozen = recipes.Recipe(
+        "amp-fp16-small-scale", "fp16 autocast, a scaler starting at 2**10",
+        autocast_dtype=torch.float16, needs=("fp16_autocast", "grad_scaler"),
+        scaler=lambda device: torch.amp.GradScaler(device, init_scale=2.0**10),
+        convert=lambda model: model.requires_grad_(False),
+    )  # fmt: skip
+    with frozen.bind(CPU) as precision:
+        model = precision.prepare(torch.nn.Linear(8, 4))
+    assert precision.scaler.get_scale() == 2.0**10
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_a_scaler_factory_that_ignores_the_device_is_refused():
+    disabled = recipes.Recipe(
+        "x", "x", scaler=lambda device: torch.amp.GradScaler(device, enabled=False)
+    )
+    with pytest.raises(HarnessError, match=r"recipe x: scaler\('cpu'\) returned .*not an enabled"):
+        disabled.bind(CPU)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"needs": "bf16_autocast"}, r"needs='bf16_autocast': use a tuple.*\('bf16_autocast',\)"),
+        ({"param_dtype": torch.int8}, r"param_dtype=torch.int8: use a floating torch.dtype"),
+        ({"autocast_dtype": "bf16"}, r"autocast_dtype='bf16': use a floating.*or None"),
+        ({"scaler": "yes"}, r"scaler='yes': use True .*False, or a function"),
+        ({"convert": 3}, r"convert=3: use a function"),
+        ({"summary": " "}, r"summary: say in one line"),
+        ({"name": "my recipe"}, r"name: use letters"),
+    ],
+    ids=["needs-a-string", "param-dtype", "autocast-dtype", "scaler", "convert", "summary", "name"],
+)
+def test_a_wrong_recipe_field_names_the_file_the_field_and_the_fix(fields, error):
+    with pytest.raises(HarnessError, match=rf"test_recipes.py:\d+: Recipe\(.*{error}"):
+        recipes.Recipe(**{"name": "mine", "summary": "my recipe", **fields})
+
+
+def two_optimizers_one_overflowing(poison: float | None):
+    """Two Linears, one SGD each, one amp-fp16 scaler: `poison` put in the second's gradient."""
+    torch.manual_seed(0)
+    with recipes.get("amp-fp16").bind(CPU) as precision:
+        first, second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (first, second)]
+        before = [m.weight.detach().clone() for m in (first, second)]
+        with precision.forward():
+            # Means: a sum's gradient, x 65536, would overflow float16 in both Linears.
+            loss = first(torch.ones(2, 4)).float().mean() + second(torch.ones(2, 4)).float().mean()
+        precision.backward(loss)
+        if poison is not None:
+            second.weight.grad[0, 0] = poison
+        report = precision.step(optimizers)
+        pairs = zip((first, second), before, strict=True)
+        moved = tuple(not torch.equal(m.weight, b) for m, b in pairs)
+        return report, moved, precision.scaler.get_scale()
+
+
+def test_only_the_overflowing_optimizer_is_skipped_and_the_scale_backs_off_once():
+    report, moved, scale = two_optimizers_one_overflowing(float("inf"))
+    assert report.skipped_each == (False, True) and report.skipped
+    assert moved == (True, False)
+    assert (report.scale, scale) == (65536.0, 32768.0)  # one update() after both steps
+    # Negative control: without the inf both step, and the scale stays.
+    clean, clean_moved, clean_scale = two_optimizers_one_overflowing(None)
+    assert clean.skipped_each == (False, False) and not clean.skipped
+    assert clean_moved == (True, True) and clean_scale == 65536.0
+
+
+def test_a_fused_optimizers_skip_is_read_from_the_scalers_check():
+    """A fused optimizer takes the inf check into its kernel and its step() always runs: the
+    skip is read from the check, not from whether step() was called."""
+    with recipes.get("amp-fp16").bind(CPU) as precision:
+        model = torch.nn.Linear(4, 4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
+        before = model.weight.detach().clone()
+        with precision.forward():
+            precision.backward(model(torch.ones(2, 4)).float().mean())
+        model.weight.grad[0, 0] = float("nan")
+        report = precision.step(optimizer)
+    assert report.skipped_each == (True,) and torch.equal(model.weight, before)
+
+
+def test_step_refuses_what_is_not_an_optimizer():
+    refused = r"'sgd' is not an optimizer or a list of them"
+    with recipes.get("fp32").bind(CPU) as precision, pytest.raises(HarnessError, match=refused):
+        precision.step("sgd")

@@ -584,7 +584,7 @@ def test_records_whose_session_entry_is_missing_are_read_under_a_rebuilt_session
     assert list(sessions) == ["0123456789abcdef", "next"]
     rebuilt = sessions["0123456789abcdef"]
     assert [r.test[-1] for r in rebuilt.records] == ["1", "2"]
-    assert rebuilt.entry["rebuilt"] and rebuilt.entry["name"].startswith("session 01234567 (")
+    assert rebuilt.entry["rebuilt"] and rebuilt.entry["name"].startswith("session 0123456789ab (")
     assert rebuilt.entry["started"] == rebuilt.records[0].started and rebuilt.end is None
     assert any("read 2 records of sessions whose session entry is missing or unusable (lines 1, "
                "2) under a session rebuilt" in s for s in said), said  # fmt: skip

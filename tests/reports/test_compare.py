@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import fnmatch
+import io
 import json
+import re
 
 import pytest
 from scipy import stats
@@ -464,3 +466,67 @@ def test_a_session_prefix_must_name_one_session(tmp_path):
         baseline.find_session(sessions, "ab", tmp_path)
     with pytest.raises(HarnessError, match="no session 'x'; recorded: abc123 .abc123."):
         baseline.find_session(sessions, "x", tmp_path)
+
+
+LONG_EVIDENCE = "scale 65536 -> 32768 after an injected inf at step 3; " * 6
+
+
+def rendered(result: compare.Comparison, width: int, terminal: bool) -> list[str]:
+    from rich.console import Console
+
+    out = io.StringIO()
+    compare.render(result, Console(file=out, width=width, force_terminal=terminal))
+    return [ansi.sub("", line) for line in out.getvalue().splitlines()]
+
+
+ansi = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def test_compare_at_80_columns_prints_blocks_with_every_word_of_the_evidence():
+    """At 80 columns, `compare`'s table left its evidence column one letter wide: a changed
+    verdict's evidence came out a letter a line. Below a wide terminal, each change is a block:
+    claim, A -> B and test on a line, the evidence and why under it, wrapped at the width."""
+    before, after = summary(ACCURACY), summary(scaled(ACCURACY, 0.5), "refuted")
+    after["verdicts"][0]["evidence"] = LONG_EVIDENCE
+    lines = rendered(compare.compare(before, after), 80, terminal=False)
+    assert all(len(line) <= 80 for line in lines)
+    at = lines.index("FMT-BYTES  confirmed -> refuted  test_scn.py::test_bytes")
+    assert lines[at + 1].startswith("    B: scale 65536 -> 32768 after an injected inf")
+    said = " ".join(" ".join(lines).split())
+    assert f"B: {' '.join(LONG_EVIDENCE.split())} A: fp16 2 bytes why: nothing" in said
+    assert "FLAGGED  FMT-BYTES  mlp/amp-fp16/seed*/val_accuracy" in lines
+    assert "91 -> 45.5 (means, n=3 vs 3), -50.0%, p " in said
+    assert min(len(line.strip()) for line in lines if line.strip()) > 3  # no column of letters
+
+
+def test_compare_on_a_wide_terminal_keeps_its_tables():
+    result = compare.compare(summary(ACCURACY), summary(ACCURACY, "refuted"))
+    lines = rendered(result, 160, terminal=True)
+    assert any(line.startswith("┏") for line in lines)
+    assert any("confirmed -> refuted" in line and "│" in line for line in lines)
+
+
+def with_scenario(run: dict, digest: str) -> dict:
+    run["tests"][TEST]["scenario_sha256"] = digest
+    return run
+
+
+def test_a_change_of_a_test_whose_scenario_file_changed_says_so():
+    """Two sessions that ran other code for one test: `compare` says the scenario changed, in
+    the change's why and in a line of its own, and not where the file is the same or one run
+    (a baseline from before digests) does not say."""
+    a = with_scenario(summary(ACCURACY), "1111111111111111")
+    b = with_scenario(summary(ACCURACY, "refuted"), "2222222222222222")
+    result = compare.compare(a, b)
+    (change,) = result.verdicts
+    assert change.attribution.why.startswith(
+        "the scenario changed (its file's sha256 1111111111111111 -> 2222222222222222); "
+    )
+    assert result.scenarios_changed == (TEST,) and result.to_json()["scenarios_changed"] == [TEST]
+    said = " ".join(rendered(result, 80, terminal=False))
+    assert f"scenario changed (other code ran in A and B): {TEST}" in said
+    same = compare.compare(a, with_scenario(summary(ACCURACY, "refuted"), "1111111111111111"))
+    older = compare.compare(summary(ACCURACY), b)  # A recorded no digest
+    for unchanged in (same, older):
+        assert not unchanged.scenarios_changed
+        assert "scenario changed" not in unchanged.verdicts[0].attribution.why

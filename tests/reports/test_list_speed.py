@@ -148,3 +148,22 @@ def test_list_benchmark_on_a_large_project_catalogue(benchmark, project_claims, 
     # reads in 0.2 s; rich's table added 4.2 s. The 0.1 s: a process's start varies that much.
     assert table_s - none_s < 3 * read_s + 0.1, benchmark.extra_info
     assert json_s - none_s < 3 * read_s + 0.1, benchmark.extra_info
+
+
+@pytest.mark.slow
+def test_sessions_benchmark_on_a_year_of_ci_history(benchmark, ci_history, entries, tmp_path):
+    """`amp-harness sessions` reads the journal's index, not its records: at a year of CI
+    history it takes what it takes on an empty journal, plus the index's reading."""
+    reports = ci_history(entries)
+    listing = ["sessions", "--last", "0", "--reports", str(reports)]
+    run(*listing)  # the index, as the first reader of a new journal builds it
+    benchmark.pedantic(run, args=listing, rounds=3)
+    sessions_s, sessions_kb = min(run(*listing) for _ in range(3))
+    empty_s, _ = min(run("sessions", "--reports", str(tmp_path)) for _ in range(3))
+    benchmark.extra_info.update(
+        entries=entries, sessions_s=round(sessions_s, 2),
+        sessions_peak_mb=round(sessions_kb / 1024), empty_journal_sessions_s=round(empty_s, 2),
+    )  # fmt: skip
+    # Side by side with an empty journal, as `list` above: a busy machine slows both.
+    assert sessions_s < empty_s + 0.5, benchmark.extra_info
+    assert sessions_kb < PEAK_MB[entries] * 1024, benchmark.extra_info

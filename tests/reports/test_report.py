@@ -27,7 +27,7 @@ from harness import cli
 from harness.catalogue.claims import VERDICTS, catalogue
 from harness.common.errors import HarnessError
 from harness.records.tracking import MLFLOW_ENV, UI_VIEW, MlflowSink, default_uri, resolve_uri
-from harness.reports import report
+from harness.reports import report, table
 
 SCRIPT = "<script>alert(1)</script>"
 # How summary.md names a column's class when its fingerprint predates classes (sessions.CPU's).
@@ -446,7 +446,7 @@ def test_a_megabyte_of_evidence_is_cut_on_the_page_and_links_to_its_run(unfinish
     page = (unfinished / "index.html").read_text()
     _gpu, cpu = cells(ledger_row(page, "FMT-RANGE"))
     shown = re.search(r'<span class="evidence">(.*?)</span>', cpu, re.S).group(1)
-    assert shown.startswith("ratio 0.5; ratio 0.5;") and len(shown) < 1700
+    assert shown.startswith("ratio 0.5; ratio 0.5;") and len(shown) < table.EVIDENCE_CHARS + 200
     assert re.search(rf"… \([\d,]+ more characters {report.IN_MLFLOW}\)$", shown)
     assert report.IN_MLFLOW == "cut here; record.json in its MLflow run holds the full text"
     assert re.search(r'<a href="http://127.0.0.1:5000/#/experiments/\d+/runs/\w+\?', cpu)
@@ -724,3 +724,28 @@ def test_a_second_parent_run_is_neither_the_session_nor_a_test(order):
     parents = [ended, copy] if order == "ended-first" else [copy, ended]
     ((_env, session),) = report._sessions([*parents, *tests], link=lambda run_id: run_id)
     assert session.name == "p1" and [r.info.run_id for r in session.runs] == ["t0", "t1"]
+
+
+def test_the_header_says_what_its_counts_count_in_the_sessions_words(built):
+    """The header counts claim-test pairs, the session's last lines claims: each says which,
+    in the same words (harness.reports.table)."""
+    page = (built / "index.html").read_text()
+    header = " ".join(page.split("<header>")[1].split("</header>")[0].split())
+    counted = re.findall(
+        r'(\d+) verdicts \(one verdict per claim and test\): <span class="counts">(.*?)</span> </',
+        header,
+    )
+    assert len(counted) == 2  # an environment each: the GPU's and the CPU's
+    for said, badges in counted:
+        assert int(said) == sum(map(int, re.findall(r"</span> (\d+)", badges))) > 0
+
+
+def test_building_the_report_prints_no_mlflow_progress_bar(store, tmp_path, capfd, monkeypatch):
+    """`amp-harness report` printed MLflow's "Downloading artifacts" bar once per figure: a
+    CI log gets the harness's own lines only."""
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)
+    capfd.readouterr()
+    report.build(default_uri(store), tmp_path / "quiet")
+    printed = capfd.readouterr()
+    assert "Downloading artifacts" not in printed.err + printed.out
+    assert "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR" not in os.environ  # only inside its calls

@@ -5,6 +5,10 @@ Every run starts from the same weights, sees the same batches and draws the same
 gap to fp32 is precision, not a different mask). The quick look's runs carry the probes: every
 op's output range, named by the module running it (harness.lab.probes.op_ranges), the norm layers'
 running statistics, the gradients; --verify's long runs measure the loss alone.
+
+fp32's own spread, the noise a gap must beat, is measured as a user's rerun varies: fp32 again
+from weights initialised under other seeds (`reinitialised`), and, for --verify's held-out loss,
+on the kept batches in another order (`reordered`).
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ from torch import nn
 
 from harness.common.errors import HarnessError
 from harness.lab import devices, probes, recipes
-from harness.lab.diagnose_fixes import Fix, Fixed
-from harness.lab.diagnose_rules import PERTURBATION, NormState, OpRange, Run
+from harness.lab.diagnose.fixes import Fix, Fixed
+from harness.lab.diagnose.rules import NormState, OpRange, Run
 from harness.lab.train import History, train
 
 SEED = 0
-NOISE_RUNS = 2  # perturbed fp32 runs that measure fp32's own spread
+# fp32's seed spread: one fp32 run per seed (and, in --verify, one per seed on reordered batches).
+# Each costs an fp32 run, cheap beside the fp16 recipes' on the CPU (an fp16 step there is 5-13x
+# slower than an fp32 one: docs/diagnose.md).
+NOISE_SEEDS = (1, 2)
 NORMS = tuple(
     kind
     for kind in (
@@ -191,13 +198,12 @@ def run_recipe(
     *,
     fix: Fix | None = None,
     watch: bool = True,
-    perturb: float = 0.0,
     reference_gradient: torch.Tensor | None = None,
     held_out: list | None = None,
 ) -> tuple[Run, torch.Tensor | None]:
-    """Train a copy of `initial` on `replay` under the recipe (with `fix` applied, its weights
-    perturbed by `perturb`); the run, and its first step's gradient. Errors of the recipe are
-    the run's (`run.error`); a step past the time limit is StepTimeout."""
+    """Train a copy of `initial` on `replay` under the recipe (with `fix` applied); the run, and
+    its first step's gradient. Errors of the recipe are the run's (`run.error`); a step past the
+    time limit is StepTimeout."""
     recipe = recipes.get(name)
     run = Run(name, fix=fix.describe() if fix else "")
     lack = setting.device.missing(*recipe.needs)
@@ -206,8 +212,6 @@ def run_recipe(
         return run, None
     torch.manual_seed(SEED)  # the same dropout masks and random draws in every run
     model = copy.deepcopy(initial)
-    if perturb:
-        _perturb(model, perturb)
     precision = Fixed(recipe, setting.device, fix.modules) if fix else recipe.bind(setting.device)
     limit = _Limit(setting.step_limit_s)
     history = History()
@@ -229,6 +233,8 @@ def run_recipe(
             run.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     run.loss, run.scale, run.skips = history.loss, history.scale, history.skipped
     run.params_finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    if run.params_finite and run.first_nonfinite_loss() and not run.error:
+        run.fp32_loss = _fp32_loss(model, setting, held_out or replay.taken[-1:], replay.loss)
     if setting.device.type == "cuda" and history.step_time_s[1:]:  # the first step warms up
         run.step_time_s = statistics.median(history.step_time_s[1:])
     gradient = watcher.first_gradient
@@ -237,14 +243,71 @@ def run_recipe(
     return run, gradient
 
 
-def perturbed(initial: nn.Module, replay: Replay, setting: Setting, **options) -> list[Run]:
-    """fp32 again, NOISE_RUNS times, its weights multiplied by 1 + k * PERTURBATION * N(0, 1)
-    (k = 1, 2, ...): how far fp32 moves from itself, the spread a precision gap must beat."""
-    return [
-        run_recipe("fp32", initial, replay, setting, watch=False, perturb=PERTURBATION * k,
-                   **options)[0]
-        for k in range(1, NOISE_RUNS + 1)
-    ]  # fmt: skip
+def seed_spread(
+    initial: nn.Module, replay: Replay, setting: Setting, *, reorder: bool = False, **options
+) -> tuple[list[Run], str]:
+    """fp32 again from weights re-drawn under each of NOISE_SEEDS (and, with `reorder`, on the
+    batches in another order): how far a rerun of fp32 lands from fp32, the spread a precision gap
+    must beat; and a note when the re-drawing could not use reset_parameters() for every weight."""
+    runs, notes = [], set()
+    for seed in NOISE_SEEDS:
+        model, note = reinitialised(initial, seed)
+        notes.add(note)
+        runs.append(run_recipe("fp32", model, replay, setting, watch=False, **options)[0])
+        if reorder:
+            runs.append(
+                run_recipe("fp32", initial, reordered(replay, seed), setting, watch=False,
+                           **options)[0]
+            )  # fmt: skip
+    return runs, next(iter(notes - {""}), "")
+
+
+def reinitialised(initial: nn.Module, seed: int) -> tuple[nn.Module, str]:
+    """A copy of `initial` whose weights are re-drawn under `seed`: each module's
+    reset_parameters(), then each tensor brought to the factory's own mean and standard deviation
+    (a factory's init, std 0.02 for a transformer, is not torch's default); the tensors no
+    reset_parameters() covers have their entries shuffled instead, and the note names them."""
+    model = copy.deepcopy(initial)
+    generator = torch.Generator().manual_seed(seed)
+    covered: set[int] = set()
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(seed)
+        for module in model.modules():
+            if callable(getattr(module, "reset_parameters", None)):
+                module.reset_parameters()
+                covered.update(id(p) for p in module.parameters(recurse=False))
+        uncovered = []
+        for (name, new), old in zip(model.named_parameters(), initial.parameters(), strict=True):
+            if id(new) in covered:
+                _match(new, old)
+            else:
+                uncovered.append(name)
+                flat = old.detach().flatten()
+                new.copy_(flat[torch.randperm(flat.numel(), generator=generator)].view_as(new))
+    if not uncovered:
+        return model, ""
+    return model, (
+        f"fp32's seed spread: {len(uncovered)} parameter tensor(s) no reset_parameters() covers "
+        f"({', '.join(uncovered[:4])}{' ...' if len(uncovered) > 4 else ''}) were re-drawn by "
+        "shuffling their entries"
+    )
+
+
+def _match(new: torch.Tensor, old: torch.Tensor) -> None:
+    """`new` moved to `old`'s mean and standard deviation (a constant `old`, a bias of zeros or a
+    norm's ones, is kept as it is: there is nothing to re-draw)."""
+    if old.numel() < 2 or float(old.std()) == 0.0:
+        new.copy_(old)
+        return
+    spread = new.std()
+    centred = new - new.mean()
+    new.copy_(centred / spread * old.std() + old.mean() if float(spread) > 0 else old)
+
+
+def reordered(replay: Replay, seed: int) -> Replay:
+    """The kept batches in another order, drawn from `seed`."""
+    order = torch.randperm(len(replay.taken), generator=torch.Generator().manual_seed(seed))
+    return Replay([replay.taken[i] for i in order.tolist()], replay.loss)
 
 
 def evaluate(model: nn.Module, precision: recipes.Precision, batches: list, loss) -> float:
@@ -262,12 +325,14 @@ def evaluate(model: nn.Module, precision: recipes.Precision, batches: list, loss
     return statistics.fmean(values)
 
 
-def _perturb(model: nn.Module, eps: float) -> None:
-    generator = torch.Generator().manual_seed(SEED + 1)
-    with torch.no_grad():
-        for p in model.parameters():
-            noise = torch.randn(p.shape, generator=generator).to(p.device, p.dtype)
-            p.mul_(1 + eps * noise)
+def _fp32_loss(model: nn.Module, setting: Setting, batches: list, loss) -> float | None:
+    """The loss of the trained weights recomputed in fp32 (the model is done with: cast in place);
+    None where it cannot be (a `half` fix's module casts its output back to fp16 for the next)."""
+    fp32 = recipes.get("fp32").bind(setting.device)
+    try:
+        return evaluate(model.float(), fp32, batches, loss)
+    except RuntimeError:  # a dtype mismatch: the weights' fp32 loss stays unknown
+        return None
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float | None:

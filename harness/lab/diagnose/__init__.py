@@ -1,7 +1,17 @@
+"""`amp-harness diagnose`: each recipe's short run on a user's model, what its numbers mean, the
+remedies re-run, and (with --verify) the long runs that check the prediction.
+
+A factory returns a `Subject` (the model, endless batches, the loss); `diagnose()` returns a
+`Diagnosis`. The parts: `runs` (one recipe's run, observed), `rules` (the statuses and what
+sets them), `fixes` (each remedy), `verify` (the truth of a longer run), `examples`.
+"""
+
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -9,11 +19,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from harness.common.errors import HarnessError
-from harness.lab import devices, diagnose_verify, recipes
-from harness.lab.diagnose_fixes import Fix
-from harness.lab.diagnose_rules import (  # noqa: F401  (the names a scenario asserts on)
+from harness.lab import devices, recipes
+from harness.lab.diagnose import verify as truth  # the long runs of --verify
+from harness.lab.diagnose.fixes import Fix
+from harness.lab.diagnose.rules import (  # noqa: F401  (the names a scenario asserts on)
     BROKEN,
     DRIFT_MAX,
     DRIFTS,
@@ -26,7 +38,6 @@ from harness.lab.diagnose_rules import (  # noqa: F401  (the names a scenario as
     NOT_JUDGED,
     NOT_RUN,
     OPTIMIZER_IN_FP16,
-    PERTURBATION,
     REFERENCE,
     REFERENCE_STATUS,
     REGRESSION,
@@ -41,11 +52,21 @@ from harness.lab.diagnose_rules import (  # noqa: F401  (the names a scenario as
     forecast,
     judge,
 )
-from harness.lab.diagnose_runs import Replay, Setting, StepTimeout, perturbed, run_recipe
+from harness.lab.diagnose.runs import (
+    Replay,
+    Setting,
+    StepTimeout,
+    run_recipe,
+    seed_spread,
+)
 
 RECIPES = ("fp32", "amp-fp16", "amp-fp16-noscaler", "amp-bf16", "half")
 # The batches diagnose keeps (the same ones feed every recipe) may take this much memory.
 MAX_KEPT_BYTES = 2 * 1024**3
+# The model's copy and the model itself, run once on the first batch in fp32 (eval mode), must
+# give the same loss within this relative gap: the same computation differs by rounding alone
+# (1e-7), a hook or closure that still feeds the original model by far more.
+COPY_TOLERANCE = 1e-4
 # What a recipe's status is fixed by, when the fix is another recipe the diagnosis ran.
 ALTERNATIVES = {
     KEEP_IN_FP32: "amp-bf16",
@@ -229,15 +250,15 @@ def diagnose(
     found = _subject(spec, make)
     _check_trainable(spec, found.model)
     info = devices.probe(device) if isinstance(device, str) else device
-    count = max(steps, verify) + (diagnose_verify.HELD_OUT if verify else 0)
+    count = max(steps, verify) + (truth.HELD_OUT if verify else 0)
     taken = _take(spec, found.batches, count)
     quick = Replay(taken[:steps], found.loss)
     setting = Setting(info, lr, optimizer, step_limit_s)
     initial = _fp32_copy(spec, found.model)
     try:
-        diagnosis = _quick_look(spec, initial, quick, setting, names, horizon)
+        diagnosis = _quick_look(spec, found.model, initial, quick, setting, names, horizon)
         if verify:
-            diagnosis.verify = diagnose_verify.verify(
+            diagnosis.verify = truth.verify(
                 diagnosis, initial, Replay(taken[:verify], found.loss), taken[verify:], setting,
                 {name: _fix(run) for name, run in diagnosis.runs.items() if _fix(run)},
             )  # fmt: skip
@@ -264,23 +285,67 @@ def _fp32_copy(spec: str, model: nn.Module) -> nn.Module:
         raise DiagnoseError(f"factory {spec!r}: its model cannot be copied: {exc}") from exc
 
 
+def _check_copy(
+    spec: str, model: nn.Module, copied: nn.Module, batch: tuple, loss: Callable
+) -> None:
+    """diagnose trains deep copies of the model: a forward hook or closure that refers to the
+    original keeps acting on the original, and the copies silently train another model (an
+    activation penalty gathered by such a hook vanished from every recipe). Both run once on the
+    first batch in fp32; a different loss is an error naming the cause."""
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        return  # the copy is cast to fp32: rounding would differ, the check says nothing
+    device = next(model.parameters()).device
+    x, y = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, batch)
+    losses = []
+    for candidate in (copied, model):
+        mode = candidate.training
+        candidate.eval()  # no dropout draw, no running statistics moved
+        try:
+            with torch.no_grad():
+                losses.append(float(loss(candidate(x), y)))
+        finally:
+            candidate.train(mode)
+    ours, theirs = losses
+    if not math.isfinite(ours - theirs):  # a loss fp32 cannot compute: the rules say so
+        return
+    if abs(ours - theirs) <= COPY_TOLERANCE * max(abs(theirs), 1e-12):
+        return
+    hooked = [
+        name or type(model).__name__
+        for name, m in model.named_modules()
+        if m._forward_hooks or m._forward_pre_hooks
+    ]
+    raise DiagnoseError(
+        f"factory {spec!r}: a deep copy of its model gives another loss than the model itself on "
+        f"the first batch ({ours:.6g} against {theirs:.6g}, fp32, eval mode): diagnose trains "
+        "deep copies, and a forward hook or closure that refers to the original model keeps "
+        "acting on the original"
+        + (f" (forward hooks on: {_some(hooked)})" if hooked else "")
+        + ". Fix: let hooks keep what they gather on the module they are called with "
+        "(hook(module, inputs, output): module.acts = output), or compute it in forward()"
+    )
+
+
 def _quick_look(
-    spec: str, initial: nn.Module, quick: Replay, setting: Setting, names: list[str],
-    horizon: int,
+    spec: str, model: nn.Module, initial: nn.Module, quick: Replay, setting: Setting,
+    names: list[str], horizon: int,
 ) -> Diagnosis:  # fmt: skip
     reference, gradient = run_recipe(REFERENCE, initial, quick, setting)
     if reference.error:
         raise DiagnoseError(
             f"factory {spec!r}: its first training step failed under fp32: {reference.error}"
         )
+    _check_copy(spec, model, initial, quick.taken[0], quick.loss)
     reference.forecast = forecast(reference, horizon)
-    noise = max(end_gap(run.loss, reference.loss) for run in perturbed(initial, quick, setting))
+    spread, noise_note = seed_spread(initial, quick, setting)
+    noise = max(end_gap(run.loss, reference.loss) for run in spread)
     runs = {REFERENCE: reference}
     for name in names[1:]:
         runs[name] = run_recipe(name, initial, quick, setting, reference_gradient=gradient)[0]
     diagnosis = Diagnosis(
         spec, setting.device.name, torch.__version__, len(quick.taken), runs,
         optimizer=setting.optimizer, lr=setting.lr, horizon=horizon, noise=noise,
+        noise_note=noise_note, device_type=setting.device.type,
     )  # fmt: skip
     for run in runs.values():
         judge(run, diagnosis)
@@ -304,7 +369,8 @@ def _try_fixes(
     run: Run, diagnosis: Diagnosis, initial: nn.Module, quick: Replay, setting: Setting,
     gradient: torch.Tensor | None,
 ) -> list[FixCheck]:  # fmt: skip
-    """Each recommendation, tried over the same steps: the fix applied to this recipe, and the
+    """Each recommendation, tried over the same steps: the fix applied to this recipe, judged
+    against fp32 with the same optimizer change (the fix's own effect is not fp16's), and the
     other recipe it names, whose own run says whether it would do."""
     checks = []
     fix = _fix(run)
@@ -312,8 +378,14 @@ def _try_fixes(
         fixed, _ = run_recipe(
             run.recipe, initial, quick, setting, fix=fix, reference_gradient=gradient
         )
-        judge(fixed, diagnosis)
-        checks.append(FixCheck(fix.describe(), fixed.status, fixed.reasons, fixed.status == SAFE))
+        against = fix_reference(fix, diagnosis, initial, quick, setting)
+        judge(fixed, against)
+        checks.append(
+            FixCheck(
+                fix.describe(), fixed.status, fixed.reasons, fixed.status == SAFE,
+                against.runs[REFERENCE].fix or REFERENCE,
+            )
+        )  # fmt: skip
     for status, other in ALTERNATIVES.items():
         if run.status == status and other in diagnosis.runs and other != run.recipe:
             alternative = diagnosis.runs[other]
@@ -324,3 +396,19 @@ def _try_fixes(
                 )
             )  # fmt: skip
     return checks
+
+
+def fix_reference(
+    fix: Fix, diagnosis: Diagnosis, initial: nn.Module, replay: Replay, setting: Setting
+) -> Diagnosis:
+    """The diagnosis a fixed run is judged in: as it is, or, for a fix that changes the optimizer
+    (AdamW's eps), with fp32's losses those of fp32 under the same change."""
+    if fix.adam_eps is None:
+        return diagnosis
+    changed, _ = run_recipe(
+        REFERENCE, initial, replay, setting, fix=Fix(REFERENCE, adam_eps=fix.adam_eps), watch=False
+    )
+    reference = dataclasses.replace(
+        diagnosis.runs[REFERENCE], loss=changed.loss, fix=changed.fix, status=REFERENCE_STATUS
+    )
+    return dataclasses.replace(diagnosis, runs={**diagnosis.runs, REFERENCE: reference})

@@ -2,10 +2,11 @@
 each rule with the measurement behind it).
 
 A recipe is called **safe** only when every rule had evidence to check and none fired: every
-loss finite, every step after the scaler's start-up taken, the scale not collapsed, no op that
+loss finite, no skip recurring at a scale the scaler had settled on (its back-offs from its
+initial scale are calibration, wherever they fall), the scale not collapsed, no op that
 fp16 computes within reach of 65504 (now, or at the measured growth within the horizon), a first
 gradient that points where fp32's does, and a loss within fp32's own spread. Each other status
-names what breaks and the fix, and the fix is tried (harness.lab.diagnose_fixes) before it is shown.
+names what breaks and the fix, and the fix is tried (harness.lab.diagnose.fixes) before it is shown.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from harness.lab import recipes
-from harness.lab.diagnose_fixes import FP16_SAFE_EPS
+from harness.lab import autocast_docs, recipes
+from harness.lab.diagnose.fixes import FP16_SAFE_EPS
 
 REFERENCE = "fp32"
 FP16_MAX = torch.finfo(torch.float16).max  # 65504
@@ -40,16 +41,26 @@ COSINE_KEPT = 0.99
 # with fp32's has lost the gradient's direction to precision (attention logits of 1e5 in bf16:
 # cosine 0.01, and the model never learns).
 COSINE_MIN = 0.5
-# Drift, at the end of the window (its last quarter, at least 2 steps): a finding only beyond
-# each of: DRIFT_MAX of fp32's loss, NOISE_FACTOR times fp32's own gap when its weights are
-# perturbed by PERTURBATION (the noise floor, measured), and LOSS_FLOOR times fp32's first loss
-# (a floor in the loss's own units: a relative gap to a loss near zero means nothing).
+# Drift, at the end of the window (its last quarter, at least 2 steps), either way (better or
+# worse): a finding only beyond each of: DRIFT_MAX of fp32's loss, NOISE_FACTOR times fp32's own
+# seed spread (fp32 re-run from weights initialised under other seeds: what a user's rerun
+# varies, harness.lab.diagnose.runs.seed_spread), and LOSS_FLOOR times fp32's first loss (a
+# floor in the loss's own units: a relative gap to a loss near zero means nothing).
 DRIFT_MAX = 0.05
 NOISE_FACTOR = 2.0
-PERTURBATION = 1e-4
 LOSS_FLOOR = 1e-3
 # The GradScaler's scale falling under 1 means fp16's gradients overflow before any scaling.
 SCALE_FLOOR = 1.0
+# GradScaler starts at 65536, a guess, and halves on each overflow until the gradients fit: those
+# back-offs are calibration wherever they fall (an 8-16-1 MLP backs off at steps 4 and 5 and
+# trains as fp32). Once it has taken a step at a backed-off scale it has settled; a skip at or
+# below a settled scale recurs. One recurrence is one more halving, as calibration does (its
+# growth_interval, 2000, keeps the scale from growing back in a short window), so recurrences are
+# a finding from RECURRENT_MIN of them, on more than RECURRENT_SHARE of the steps since it
+# settled: at one in 8 the scale halves every 8 steps and leaves 65536 for under 1 (16
+# halvings) within about 128 steps.
+RECURRENT_MIN = 2
+RECURRENT_SHARE = 1 / 8
 
 # Statuses, the most severe first: a recipe gets the first that applies, and every reason.
 REGRESSION = "capability regression"
@@ -97,10 +108,11 @@ class NormState:
 class FixCheck:
     """A recommended fix, tried over the quick look's steps."""
 
-    fix: str  # as harness.lab.diagnose_fixes.Fix.describe() says it
+    fix: str  # as harness.lab.diagnose.fixes.Fix.describe() says it
     status: str  # what the rules say of the fixed run
     reasons: list[str]
     held: bool  # the fixed run is safe: nothing the rules look for is left
+    reference: str = REFERENCE  # what it was judged against: fp32 with the fix's optimizer change
 
 
 @dataclass
@@ -137,6 +149,9 @@ class Run:
     speedup: float | None = None  # fp32's median step time over this recipe's (CUDA)
     params_finite: bool = True  # after the last step
     held_out_loss: float | None = None  # --verify: in eval mode, on batches never trained on
+    # The loss recomputed in fp32 on the final weights (held-out batches with --verify, else the
+    # last batch trained on), when a logged loss was non-finite: did the training or the value go?
+    fp32_loss: float | None = None
     # The first op, in the order ops ran, whose output held inf/NaN, and the step (from 1).
     first_nonfinite: tuple[int, str] | None = None
     forecast: Forecast | None = None  # fp32 only: the first op the growth takes to 65504
@@ -160,9 +175,51 @@ class Run:
         taken = len(self.skips) - self.skipped
         return bool(self.skips) and (taken * 2 <= len(self.skips) or self.scale[-1] < SCALE_FLOOR)
 
-    def startup_skips(self) -> int:
-        """Skips before the first step taken: GradScaler's 65536 seeking its level."""
-        return next((i for i, s in enumerate(self.skips) if not s), len(self.skips))
+    def scaler_course(self) -> ScalerCourse:
+        return scaler_course(self.skips, self.scale)
+
+    def logged_loss_overflow(self) -> bool:
+        """Logged losses non-finite while the weights trained (a scaler that skips the steps
+        leaves them finite and untrained), stayed finite, and give a finite loss recomputed in
+        fp32: the value reported overflowed fp16, not the training."""
+        return (
+            self.first_nonfinite_loss() is not None
+            and not self.scaler_stalled()
+            and self.params_finite
+            and self.fp32_loss is not None
+            and math.isfinite(self.fp32_loss)
+        )
+
+
+@dataclass
+class ScalerCourse:
+    """What a GradScaler's skips were (steps from 1): calibration, or recurrences at a scale it
+    had settled on (RECURRENT_MIN above)."""
+
+    calibration: list[int] = field(default_factory=list)
+    recurrent: list[int] = field(default_factory=list)
+    settled: float | None = None  # the first backed-off scale it took a step at
+    settled_at: int | None = None  # ...and that step
+
+    def recurs(self, steps: int) -> bool:
+        """Recurrences beyond what one more halving of calibration explains."""
+        since = steps - (self.settled_at or steps) + 1
+        return (
+            len(self.recurrent) >= RECURRENT_MIN and len(self.recurrent) > RECURRENT_SHARE * since
+        )
+
+
+def scaler_course(skips: list[bool], scale: list[float]) -> ScalerCourse:
+    """Each skip, as calibration (a back-off from a scale not yet shown to hold: the initial
+    guess, or one it never stepped at) or a recurrence (at or below a scale it had settled on)."""
+    course = ScalerCourse()
+    for step, (skipped, used) in enumerate(zip(skips, scale, strict=True), 1):
+        if skipped:
+            settled = course.settled is not None and used <= course.settled
+            (course.recurrent if settled else course.calibration).append(step)
+        elif used < scale[0] and course.settled is None:
+            course.settled, course.settled_at = used, step
+    return course
 
 
 @dataclass
@@ -175,8 +232,10 @@ class Diagnosis:
     optimizer: str = "adamw"
     lr: float = 1e-3
     horizon: int = HORIZON
-    noise: float = 0.0  # fp32's own end-window gap under PERTURBATION, in the loss's units
-    verify: dict | None = None  # harness.lab.diagnose_verify's result, with --verify N
+    noise: float = 0.0  # fp32's own seed spread: its largest end-window gap, in the loss's units
+    noise_note: str = ""  # how the seed spread was measured, when not every weight was re-drawn
+    device_type: str = "cpu"
+    verify: dict | None = None  # harness.lab.diagnose.verify's result, with --verify N
 
     def hot_ops(self) -> list[str]:
         """Ops whose fp32 peak is within HEADROOM_FACTOR of fp16's largest value."""
@@ -197,6 +256,33 @@ class Diagnosis:
 
 def module_of(op: str) -> str:
     return op.rpartition(":")[0]
+
+
+# --- the autocast policy a judgement was measured under -----------------------------------------
+
+
+def autocast_policy(device_type: str, version: str) -> str:
+    """Whose autocast op lists the runs followed, as the documentation of the release says."""
+    documented = autocast_docs.documented(device_type, version)
+    note = f"; {documented.note}" if documented.note else ""
+    return (
+        f"measured under {device_type.upper()} autocast's op lists (torch {documented.release}'s "
+        f"documentation){note}"
+    )
+
+
+def other_device_note(op: str, device_type: str, version: str) -> str:
+    """Where the other device's autocast documents `op` in float32: its hazard is this device's."""
+    other = "cuda" if device_type == "cpu" else "cpu"
+    name = op.rpartition(":")[2]
+    documented = autocast_docs.documented(other, version)
+    spellings = {name, name.lstrip("_"), name.removeprefix("native_")}  # aten's _softmax, ...
+    if not any(autocast_docs.listed(n, documented, other) == "float32" for n in spellings):
+        return ""
+    return (
+        f"on {other.upper()}, autocast runs {name.lstrip('_')} in float32 (torch "
+        f"{documented.release}'s documented lists): this hazard is the {device_type.upper()}'s"
+    )
 
 
 # --- the measurements the rules read ----------------------------------------------------------
@@ -321,6 +407,12 @@ def _overflow(run: Run, diagnosis: Diagnosis, found: dict) -> None:
     ]
     if overflowed:
         words.append(f"{origin}'s fp16 output overflowed at step {step}")
+    if recipes.get(run.recipe).param_dtype == torch.float32:  # autocast's lists chose fp16
+        words.extend(
+            note
+            for k in named
+            if (note := other_device_note(k, diagnosis.device_type, diagnosis.torch))
+        )
     if ahead:
         words.append(
             f"forecast: {ahead.op} grew {ahead.growth:.3g} per step to {ahead.peak:.4g}; at this "
@@ -445,43 +537,65 @@ def _largest(diagnosis: Diagnosis) -> list[str]:
 
 
 def _stability(run: Run, recipe: recipes.Recipe, found: dict) -> None:
-    """Never safe: a non-finite loss, a minority of steps taken, a collapsed scale, skips once
-    training went on, parameters no longer finite."""
+    """Never safe: a non-finite loss (said as the logged value's overflow when the weights and
+    the loss recomputed in fp32 are fine), a minority of steps taken, a collapsed scale, skips
+    recurring at a scale the scaler had settled on, parameters no longer finite."""
     reasons = []
-    bad = run.first_nonfinite_loss()
-    if bad:
-        nonfinite = sum(not math.isfinite(v) for v in run.loss)
-        where = run.first_nonfinite
-        reasons.append(
-            f"{nonfinite} of {len(run.loss)} losses non-finite, from step {bad}"
-            + (f" (first inf/NaN op: {where[1]}, step {where[0]})" if where else "")
-        )
+    if run.first_nonfinite_loss():
+        reasons.append(_nonfinite_losses(run))
     if recipe.scaler and run.skips:
-        taken = len(run.skips) - run.skipped
-        scale = f"scale {run.scale[0]:g} -> {run.scale[-1]:g}"
-        if taken * 2 <= len(run.skips):
-            seeking = run.startup_skips() == run.skipped and run.scale[-1] >= SCALE_FLOOR
-            reasons.append(
-                f"the scaler took {taken} of {len(run.skips)} steps ({scale})"
-                + (
-                    ": it was still seeking its scale, so more --steps may see it settle "
-                    "(or fall under 1: fp16's gradients overflowing unscaled)"
-                    if seeking
-                    else ""
-                )
-            )
-        elif run.scale[-1] < SCALE_FLOOR:
-            reasons.append(f"the scale collapsed below {SCALE_FLOOR:g} ({scale})")
-        later = run.skipped - run.startup_skips()
-        if later and taken * 2 > len(run.skips):
-            reasons.append(
-                f"{later} step(s) skipped after training started ({scale}): fp16's gradients "
-                "overflowed at a scale the scaler had settled on"
-            )
+        reasons.extend(_scaler_failures(run))
     if not run.params_finite:
         reasons.append("parameters inf/NaN after the last step")
     if reasons:
         found.setdefault(UNSTABLE, []).extend(reasons)
+
+
+def _nonfinite_losses(run: Run) -> str:
+    nonfinite = sum(not math.isfinite(v) for v in run.loss)
+    where = run.first_nonfinite
+    counted = (
+        f"{nonfinite} of {len(run.loss)} losses non-finite, from step {run.first_nonfinite_loss()}"
+        + (f" (first inf/NaN op: {where[1]}, step {where[0]})" if where else "")
+    )
+    if not run.logged_loss_overflow():
+        return counted
+    return (
+        f"the logged loss overflows fp16 (the value reported, not the training): {counted}; the "
+        f"parameters stayed finite and the loss recomputed in fp32 on the final weights is "
+        f"{run.fp32_loss:.4g} (a trainer that stops or early-stops on a non-finite loss is hurt)"
+    )
+
+
+def _scaler_failures(run: Run) -> list[str]:
+    taken = len(run.skips) - run.skipped
+    course = run.scaler_course()
+    scale = f"scale {run.scale[0]:g} -> {run.scale[-1]:g}"
+    if taken * 2 <= len(run.skips):
+        seeking = not course.recurrent and run.scale[-1] >= SCALE_FLOOR
+        return [
+            f"the scaler took {taken} of {len(run.skips)} steps ({scale})"
+            + (
+                ": it was still seeking its scale, so more --steps may see it settle "
+                "(or fall under 1: fp16's gradients overflowing unscaled)"
+                if seeking
+                else ""
+            )
+        ]
+    if run.scale[-1] < SCALE_FLOOR:
+        return [f"the scale collapsed below {SCALE_FLOOR:g} ({scale})"]
+    if course.recurs(len(run.skips)):
+        return [
+            f"{len(course.recurrent)} step(s) skipped at or below the scale {course.settled:g} "
+            f"the scaler had settled on at step {course.settled_at} (steps "
+            f"{_steps(course.recurrent)}; {scale}): fp16's gradients keep overflowing a scale "
+            "that had held, beyond its calibration"
+        ]
+    return []
+
+
+def _steps(steps: list[int]) -> str:
+    return ", ".join(str(s) for s in steps)
 
 
 def _drift(run: Run, diagnosis: Diagnosis, found: dict) -> None:
@@ -490,11 +604,12 @@ def _drift(run: Run, diagnosis: Diagnosis, found: dict) -> None:
     reference = diagnosis.runs[REFERENCE]
     base = statistics.fmean(window(reference.loss))
     if beyond_noise(run.drift_abs, base, diagnosis.noise, loss_floor(reference)):
+        ends = statistics.fmean(window(run.loss)) - base
         found[DRIFTS] = [
             f"over the last {len(window(run.loss))} steps the loss left fp32's by "
-            f"{run.drift:.2%} ({run.drift_abs:.3g}), beyond {DRIFT_MAX:.0%} and beyond "
-            f"{NOISE_FACTOR:g}x fp32's own gap when its weights move by {PERTURBATION:g} "
-            f"({diagnosis.noise:.3g})"
+            f"{run.drift:.2%} ({run.drift_abs:.3g}, {'below' if ends < 0 else 'above'} it), beyond "
+            f"{DRIFT_MAX:.0%} and beyond {NOISE_FACTOR:g}x fp32's own seed spread "
+            f"({diagnosis.noise:.3g}): not fp32's run, whichever way"
         ]
 
 
@@ -512,28 +627,55 @@ def _reference_broken(reference: Run) -> str:
 
 
 def _safe(run: Run, diagnosis: Diagnosis) -> str:
-    ops = diagnosis.runs[REFERENCE].ops
+    reference = diagnosis.runs[REFERENCE]
+    ops = reference.ops
     peak = max((x.peak for x in ops.values()), default=0.0)
     words = [
         f"{len(run.loss)} steps, final loss {run.loss[-1]:.4g}"
-        if run is diagnosis.runs[REFERENCE]
-        else f"every loss finite, within {run.drift:.2%} of fp32 at the end (fp32's own spread "
-        f"{diagnosis.noise:.3g}) over {len(run.loss)} steps",
+        if run is reference
+        else f"every loss finite, within {run.drift:.2%} of fp32 at the end (fp32's own seed "
+        f"spread {diagnosis.noise:.3g}) over {len(run.loss)} steps",
         f"largest fp32 value of any op {peak:.4g} ({margin(peak)})",
     ]
+    if run is reference and diagnosis.noise_note:
+        words.append(diagnosis.noise_note)
     if run.cosine is not None:
         words.append(f"first gradient's cosine with fp32's {run.cosine:.3f}")
-    lost = diagnosis.runs[REFERENCE].underflow
-    if run is not diagnosis.runs[REFERENCE] and lost > UNDERFLOW_MAX:
-        words.append(f"{lost:.2%} of the gradient flushes to zero in fp16 (its direction kept)")
-    if run.skips and recipes.get(run.recipe).scaler:
+    recipe = recipes.get(run.recipe)
+    unscaled_fp16 = (
+        torch.float16 in (recipe.autocast_dtype, recipe.param_dtype) and not recipe.scaler
+    )
+    if unscaled_fp16 and reference.underflow > UNDERFLOW_MAX:
         words.append(
-            f"the scaler skipped {run.skipped} start-up step(s), scale {run.scale[0]:g} -> "
-            f"{run.scale[-1]:g}"
+            f"note: {reference.underflow:.2%} of the gradient's entries are under fp16's "
+            f"smallest value, all tiny: its first gradient keeps fp32's direction, so it trains"
         )
-    if run is not diagnosis.runs[REFERENCE]:
+    if run.skips and recipe.scaler:
+        words.append(_calibration(run))
+    if recipe.autocast_dtype is not None and recipe.param_dtype == torch.float32:
+        words.append(autocast_policy(diagnosis.device_type, diagnosis.torch))
+    if run is not reference:
         words.append(f"only {len(run.loss)} steps seen: --verify N trains longer")
     return "; ".join(words)
+
+
+def _calibration(run: Run) -> str:
+    """A safe scaler's course, in words: its back-offs and where it settled."""
+    course = run.scaler_course()
+    if not run.skipped:
+        return f"the scaler skipped no step (scale {run.scale[0]:g} held)"
+    words = (
+        f"the scaler calibrated: {len(course.calibration)} back-off(s) from {run.scale[0]:g} "
+        f"(step {_steps(course.calibration)}) to {run.scale[-1]:g}"
+    )
+    if course.recurrent:
+        words += (
+            f", and {len(course.recurrent)} skip(s) at a scale it had held (step "
+            f"{_steps(course.recurrent)}), one more halving, as calibration does"
+        )
+    if run.skips[-1]:
+        words += ", its last at the last step: more --steps show where it settles"
+    return words
 
 
 def margin(peak: float) -> str:

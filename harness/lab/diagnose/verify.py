@@ -1,0 +1,209 @@
+"""`amp-harness diagnose --verify N`: the ground truth the quick look is judged by.
+
+After the quick look, every recipe is trained N steps from the same weights on the same
+batches, and fp32 again from weights re-drawn under other seeds and on the batches in another
+order (fp32's seed spread, harness.lab.diagnose.runs.seed_spread: the end of the loss curve
+from the re-drawn weights, the held-out loss from both), and every fix the quick look
+recommended too, with, for a fix that changes the optimizer (AdamW's eps), fp32 under the same
+change as its reference. Each long run gets a truth from what training did:
+- **diverges**: the weights went: a loss non-finite (from which step) whose weights are inf/NaN
+  or whose loss recomputed in fp32 on the final weights is off fp32's held-out loss beyond the
+  noise, parameters inf/NaN at the end, or a scaler that took at most half of the steps or
+  whose scale fell under 1;
+- **the logged loss overflows**: losses non-finite, but the weights finite and their held-out
+  loss recomputed in fp32 within fp32's spread: the value reported overflowed fp16, not the
+  training (a trainer that stops on a non-finite loss is still hurt);
+- **harmed**: the end of its loss curve, or its held-out loss, worse than fp32's beyond 5%,
+  beyond twice fp32's seed spread and beyond the loss floor (the drift rule of
+  harness.lab.diagnose.rules), or it learned less than half of what fp32 learned;
+- **differs from fp32**: better than fp32's beyond the same margins: not fp32's run either (a
+  `half` AdamW with eps 1e-4 whose fp16 second moments are 0 takes steps twice fp32's size);
+- **trains as fp32**: none of these, both ways.
+A prediction holds when "safe" meets "trains as fp32", and any other status meets any other
+truth (a "safe" that differs from fp32 either way is a miss); a fix holds when its run trains
+as its reference.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import NamedTuple
+
+from torch import nn
+
+from harness.lab import recipes
+from harness.lab.diagnose.fixes import Fix
+from harness.lab.diagnose.rules import (
+    NOISE_FACTOR,
+    NOT_RUN,
+    REFERENCE,
+    REFERENCE_STATUS,
+    SAFE,
+    Diagnosis,
+    Run,
+    beyond_noise,
+    end_gap,
+    loss_floor,
+    window,
+)
+from harness.lab.diagnose.runs import Replay, Setting, run_recipe, seed_spread
+
+HELD_OUT = 4  # batches after the trained ones, scored in eval mode at the end
+DIVERGES, HARMED, FINE = "diverges", "harmed", "trains as fp32"
+DIFFERS = "differs from fp32"  # better than fp32 beyond its seed spread: another run
+LOGGED_OVERFLOW = "the logged loss overflows"  # the value reported went, not the weights
+
+
+def verify(
+    diagnosis: Diagnosis, initial: nn.Module, replay: Replay, held_out: list, setting: Setting,
+    fixes: dict[str, Fix],
+) -> dict:  # fmt: skip
+    """The long runs' truths against the quick look's statuses, as a JSON-able dict:
+    steps, noise, rows (one per recipe: predicted, truth, why, held) and fixes (one per fix:
+    recipe, fix, reference, truth, why, held)."""
+    long = {"held_out": held_out, "watch": False}
+    reference, _ = run_recipe(REFERENCE, initial, replay, setting, **long)
+    spread, note = seed_spread(initial, replay, setting, reorder=True, held_out=held_out)
+    noise = Noise(
+        # The reordered runs' loss curves are on other batches: their held-out loss alone.
+        max(end_gap(run.loss, reference.loss) for run in spread[::2]),
+        max(_held_gap(run, reference) for run in spread),
+    )
+    rows = []
+    for name, quick in diagnosis.runs.items():
+        if quick.status in (NOT_RUN,) or quick.unsupported:
+            continue
+        run = (
+            reference
+            if name == REFERENCE
+            else run_recipe(name, initial, replay, setting, **long)[0]
+        )
+        truth, why = _truth(run, reference, noise)
+        rows.append(
+            {
+                "recipe": name,
+                "predicted": quick.status,
+                "truth": truth,
+                "why": why,
+                "held": None if quick.status == REFERENCE_STATUS else _held(quick.status, truth),
+                "loss": _end(run.loss),
+                "held_out_loss": run.held_out_loss,
+            }
+        )
+    checked = []
+    for name, fix in fixes.items():
+        run, _ = run_recipe(name, initial, replay, setting, fix=fix, **long)
+        against = reference
+        if fix.adam_eps is not None:  # the fix's own change to AdamW is not fp16's doing
+            against, _ = run_recipe(
+                REFERENCE, initial, replay, setting, fix=Fix(REFERENCE, adam_eps=fix.adam_eps),
+                **long,
+            )  # fmt: skip
+        truth, why = _truth(run, against, noise)
+        checked.append(
+            {"recipe": name, "fix": fix.describe(), "reference": against.fix or REFERENCE,
+             "truth": truth, "why": why, "held": truth == FINE}
+        )  # fmt: skip
+    return {
+        "steps": len(replay.taken),
+        "noise": noise.loss,
+        "held_out_noise": noise.held_out,
+        "noise_note": note,
+        "rows": rows,
+        "fixes": checked,
+    }
+
+
+class Noise(NamedTuple):
+    """fp32's own spread over the long runs: at the end of the loss curve, and held out."""
+
+    loss: float
+    held_out: float
+
+
+def _held_gap(run: Run, reference: Run) -> float:
+    if run.held_out_loss is None or reference.held_out_loss is None:
+        return 0.0
+    return abs(run.held_out_loss - reference.held_out_loss)
+
+
+def _end(loss: list[float]) -> float | None:
+    return statistics.fmean(window(loss)) if loss else None
+
+
+def _truth(run: Run, reference: Run, noise: Noise) -> tuple[str, str]:
+    """What training did, in one word and the numbers behind it."""
+    if run.error:
+        return DIVERGES, f"raised {run.error}"
+    bad = run.first_nonfinite_loss()
+    if bad:
+        count = sum(not math.isfinite(v) for v in run.loss)
+        went = f"loss non-finite from step {bad} ({count} of {len(run.loss)} steps)"
+        if run.logged_loss_overflow() and not _off(run.fp32_loss, reference, noise):
+            return LOGGED_OVERFLOW, (
+                f"{went}, but the parameters stayed finite and their held-out loss recomputed in "
+                f"fp32 is {run.fp32_loss:.4g} (fp32's {reference.held_out_loss:.4g}, its own "
+                f"spread {noise.held_out:.3g}): the value reported overflowed fp16, not the "
+                "training"
+            )
+        return DIVERGES, went
+    if not run.params_finite:
+        return DIVERGES, "parameters inf/NaN at the end"
+    if recipes.get(run.recipe).scaler and run.scaler_stalled():
+        taken = len(run.skips) - run.skipped
+        return DIVERGES, (
+            f"the scaler took {taken} of {len(run.skips)} steps, scale {run.scale[0]:g} -> "
+            f"{run.scale[-1]:g}"
+        )
+    if run is reference:
+        return FINE, f"end loss {_end(run.loss):.4g}, held-out {run.held_out_loss:.4g}"
+    return _compared(run, reference, noise)
+
+
+def _off(loss: float | None, reference: Run, noise: Noise) -> bool:
+    """A held-out loss beyond fp32's, either way, past the drift rule's margins."""
+    base = reference.held_out_loss or 0.0
+    return loss is None or beyond_noise(
+        abs(loss - base), base, noise.held_out, loss_floor(reference)
+    )
+
+
+def _compared(run: Run, reference: Run, noise: Noise) -> tuple[str, str]:
+    """Harmed, differs (better) or trains as fp32: the end of the loss curve and the held-out
+    loss against the reference's, both ways."""
+    ref_end = _end(reference.loss) or 0.0
+    gaps = [
+        ("loss", _end(run.loss) - ref_end, ref_end, noise.loss),
+        (
+            "held-out loss",
+            (run.held_out_loss or 0.0) - (reference.held_out_loss or 0.0),
+            reference.held_out_loss or 0.0,
+            noise.held_out,
+        ),
+    ]
+    floor = loss_floor(reference)
+    against = f"{reference.fix} " if reference.fix else "fp32 "
+    words, better = [], False
+    for what, gap, base, spread in gaps:
+        words.append(
+            f"{what} {gap / max(abs(base), floor):+.2%} vs {against}(fp32's own seed spread "
+            f"{spread:.3g})"
+        )
+        if beyond_noise(abs(gap), base, spread, floor):
+            if gap > 0:
+                return HARMED, "; ".join(words)
+            better = True
+    # Learning little where fp32 learned: tiny gradients flushed to zero stall a model.
+    learned = reference.loss[0] - ref_end
+    own = run.loss[0] - (_end(run.loss) or 0.0)
+    if learned > max(NOISE_FACTOR * noise.loss, floor) and own < learned / 2:
+        words.append(f"learned {own / learned:.0%} of what fp32 learned")
+        return HARMED, "; ".join(words)
+    if better:
+        return DIFFERS, "; ".join([*words, "better beyond the spread: not fp32's run"])
+    return FINE, "; ".join(words)
+
+
+def _held(predicted: str, truth: str) -> bool:
+    return (truth == FINE) if predicted == SAFE else truth != FINE

@@ -1,0 +1,172 @@
+"""diagnose's quick look (8 steps) against plain training, on the zoo of tests/zoo.py: the
+architectures users train and hazards as they happen in practice, each judged against the truth
+tests/zoo_truth.py computes here (its own loop, independent of diagnose and of `--verify`).
+
+Every recipe of every model is one prediction: a "safe" on a recipe whose training diverges or
+is harmed is a MISS, a flag on a recipe that trains as fp32 is a FALSE ALARM; either fails.
+Transformers models run in the default suite; torchvision and timm (`tox -e zoo`) only where
+they import beside this torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import zoo
+import zoo_truth
+
+from harness.lab import diagnose
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+STEPS = 8  # diagnose's default quick look: the one users run
+# The truth's training length in CI. 40 steps decide the default suite's models (their calls at
+# 40 are those at 150): a hazard breaks its recipe within the first steps (a non-finite loss at
+# step 1, parameters NaN after step 1, a loss divided by 1024 that stops learning), and a
+# healthy recipe stays within a fraction of fp32's own spread. The vision models' seed spread
+# is wider this early (BatchNorm's held-out loss barely moves): only a large harm stands out.
+# scripts/diagnose-truth trains 150 steps for docs/diagnose-zoo-table.md.
+TRUTH_STEPS = 40
+# The recipes each model is diagnosed under: all of them, except where the model is the hazard
+# of one recipe (a model cast with .half() by its user: the `half` recipe is what they run).
+RECIPES = {"bert_half_adam": ("half",)}
+# The recipe each hazard breaks: the control that the zoo still holds the hazard it names (a
+# torch whose autocast kept these ops in fp32 would leave diagnose nothing to find).
+BREAKS = {
+    "bert_naive_softmax": "amp-fp16-noscaler",
+    "qwen_accumulated": "amp-fp16-noscaler",
+    "mlp_activation_penalty": "amp-fp16-noscaler",
+    "bert_half_adam": "half",
+}
+VISION_SKIP = "torchvision and timm do not import beside this torch: run them with `tox -e zoo`"
+
+
+@dataclass
+class Row:
+    """One prediction: what diagnose said of a recipe, what training did, the call."""
+
+    model: str
+    recipe: str
+    said: str
+    truth: zoo_truth.Truth
+
+    @property
+    def call(self) -> str:
+        return zoo_truth.call(self.said, self.truth.word)
+
+    def __str__(self) -> str:
+        said = f"{self.model} {self.recipe}: diagnose said {self.said}"
+        return f"{said}, truth {self.truth.word} ({self.truth.why}): {self.call}"
+
+
+def judge(name: str, steps: int = TRUTH_STEPS) -> list[Row]:
+    factory = getattr(zoo, name)
+    recipes = RECIPES.get(name, zoo_truth.RECIPES[1:])
+    found = diagnose.diagnose(factory, "cpu", steps=STEPS, names=recipes)
+    truths = zoo_truth.truths(factory, steps, recipes)
+    return [Row(name, r, found.runs[r].status, truths[r]) for r in recipes]
+
+
+def _vision_imports() -> bool:
+    try:
+        import timm  # noqa: F401
+        import torchvision  # noqa: F401
+    except Exception:  # a torchvision built for another torch raises more than ImportError
+        return False
+    return True
+
+
+def _param(name: str):
+    marks = [pytest.mark.xdist_group(f"zoo-{name}"), pytest.mark.slow]
+    return pytest.param(name, marks=marks, id=name)
+
+
+# Each model's diagnosis and truth serve every test below: the group keeps them on one worker
+# under `pytest -n 2 --dist loadgroup`, where the module-scoped fixture computes them once.
+@pytest.fixture(
+    scope="module", params=[_param(n) for n in (*zoo.ARCHITECTURES, *zoo.HAZARDS, *zoo.VISION)]
+)
+def judged(request, offline_hub) -> list[Row]:
+    if request.param in zoo.VISION and not _vision_imports():
+        pytest.skip(f"{request.param}: {VISION_SKIP}")
+    return judge(request.param)
+
+
+@pytest.fixture(scope="module")
+def offline_hub():
+    # transformers models are built from config objects; offline, any attempt to fetch a file
+    # would fail here rather than download it.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        yield patch
+
+
+def assert_no(call: str, rows: list[Row]) -> None:
+    wrong = [str(row) for row in rows if row.call == call]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_recipe_called_safe_diverges_or_is_harmed(judged):
+    assert_no(zoo_truth.MISS, judged)
+
+
+def test_no_flag_on_a_recipe_that_trains_as_fp32(judged):
+    assert_no(zoo_truth.FALSE_ALARM, judged)
+
+
+def test_each_hazard_breaks_the_recipe_it_is_a_hazard_of(judged):
+    name = judged[0].model
+    if name not in BREAKS:
+        pytest.skip(f"{name} is no hazard of one recipe")
+    row = next(row for row in judged if row.recipe == BREAKS[name])
+    assert row.truth.word in (zoo_truth.DIVERGES, zoo_truth.HARMED), str(row)
+
+
+# --- negative controls: the comparison can fail ------------------------------------------------
+
+
+def test_a_safe_on_a_recipe_whose_training_diverges_is_a_miss():
+    """A deliberately wrong prediction, fed to the same comparison: `half` with AdamW (eps 1e-8
+    is 0 in fp16) diverges on the healthy MLP, and "safe" for it must be called a MISS."""
+    rows = judge_with("healthy", {"half": diagnose.SAFE, "amp-bf16": diagnose.SAFE})
+    half = next(row for row in rows if row.recipe == "half")
+    assert half.truth.word == zoo_truth.DIVERGES, str(half)
+    assert half.call == zoo_truth.MISS
+    with pytest.raises(AssertionError, match="healthy half: diagnose said safe, truth diverges"):
+        assert_no(zoo_truth.MISS, rows)
+
+
+def test_a_flag_on_a_recipe_that_trains_as_fp32_is_a_false_alarm():
+    rows = judge_with("healthy", {"amp-bf16": diagnose.NEEDS_SCALING})
+    assert rows[0].truth.word == zoo_truth.FINE, str(rows[0])
+    with pytest.raises(AssertionError, match="FALSE ALARM"):
+        assert_no(zoo_truth.FALSE_ALARM, rows)
+
+
+def test_a_loss_that_stops_learning_is_harmed_not_fine():
+    """The "harmed" side of the truth: a loss x1e-6 under fp16 without a scaler flushes its
+    gradients to zero; "safe" for it is a MISS."""
+    rows = judge_with("tiny_grad", {"amp-fp16-noscaler": diagnose.SAFE})
+    assert rows[0].truth.word == zoo_truth.HARMED, str(rows[0])
+    assert rows[0].call == zoo_truth.MISS
+
+
+def test_the_calls():
+    call = zoo_truth.call
+    assert call(diagnose.SAFE, zoo_truth.FINE) == zoo_truth.CORRECT
+    assert call(diagnose.SAFE, zoo_truth.DIVERGES) == zoo_truth.MISS
+    assert call(diagnose.SAFE, zoo_truth.HARMED) == zoo_truth.MISS
+    assert call(diagnose.UNSTABLE, zoo_truth.DIVERGES) == zoo_truth.CORRECT
+    assert call(diagnose.DRIFTS, zoo_truth.HARMED) == zoo_truth.CORRECT
+    assert call(diagnose.KEEP_IN_FP32, zoo_truth.FINE) == zoo_truth.FALSE_ALARM
+
+
+def test_the_vision_skip_names_the_command_that_runs_them():
+    assert "tox -e zoo" in VISION_SKIP
+
+
+def judge_with(name: str, said: dict[str, str]) -> list[Row]:
+    """Rows whose predictions are given, not diagnosed: the truth is trained as for the zoo."""
+    truths = zoo_truth.truths(getattr(zoo, name), TRUTH_STEPS, list(said))
+    return [Row(name, recipe, status, truths[recipe]) for recipe, status in said.items()]
