@@ -248,7 +248,7 @@ def _claim_blocks(title: str, rows: list[dict], width: int, encoding: str | None
         out += lines(f"{row['id']}  {row['shown_verdict']}  source: {row['source']}", "")
         out += lines(row["statement"])
         out += lines(f"tests: {', '.join(row['shown_tests'])}")
-    return "\n".join(out)
+    return "\n".join(out) + "\n"
 
 
 def _baseline(args: argparse.Namespace) -> int:
@@ -619,8 +619,11 @@ def _new(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from harness.catalogue import contract
+    from harness.lab import devices  # the built-in capability names: torch, a second or two
 
-    problems = contract.check(Path(args.scenarios), _project_catalogue(args))
+    team = contract.declared_capabilities(Path(args.scenarios) / devices.TEAM_CAPABILITIES)
+    known = {*devices.CAPABILITY_TEXT, *team}
+    problems = contract.check(Path(args.scenarios), _project_catalogue(args), known)
     for problem in problems:
         print(problem)
     files = len(list(Path(args.scenarios).glob("test_*.py")))

@@ -15,10 +15,13 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import platform
+import re
 import subprocess
+import tempfile
 import time
 import uuid
 import warnings
@@ -369,8 +372,54 @@ def pytest_configure(config: pytest.Config) -> None:
     except HarnessError as exc:
         raise pytest.UsageError(str(exc)) from None
     reports = Path(config.getoption("amp_reports") or config.rootpath / "reports")
+    if _runs_scenarios(config, scenarios):  # before pytest-xdist's workers start: they inherit it
+        _keep_inductor_cache(config, reports.resolve())
     config.stash[_STATE] = AmpSession(config, device, reports.resolve(), scenarios)
     config.pluginmanager.register(_LastLines(config), "amp-harness-last-lines")
+
+
+def _torch_default_cache() -> Path:
+    """Where inductor caches when no folder is set, as torch computes it (tempdir/torchinductor_
+    <user>); torch writes it into the environment the first time it looks (the device's probes
+    make it look, through an optimizer step), so that there it is no user's choice."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return Path(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def _keep_inductor_cache(config: pytest.Config, reports: Path) -> None:
+    """torch.compile's inductor builds each graph's kernels (C++ on the CPU, triton on CUDA) in
+    seconds and caches them on disk, by default in /tmp/torchinductor_<user>, which a fresh
+    runner does not keep: under the reports folder, a later session with the same folder (the
+    next run on this machine, a CI job given the last one's reports/) reuses them. Triton's
+    follows: inductor puts it under its own where TRITON_CACHE_DIR is unset. A folder the user
+    set stands (torch's default in the environment is none). The environment is put back at
+    the session's end, so that a session run inside another process leaves it as it found it."""
+    default = _torch_default_cache()
+
+    def chosen(name: str) -> bool:
+        value = os.environ.get(name)
+        return value is not None and not Path(value).resolve().is_relative_to(default.resolve())
+
+    if chosen("TORCHINDUCTOR_CACHE_DIR"):
+        return
+    before = {n: os.environ.get(n) for n in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    if chosen("TRITON_CACHE_DIR"):
+        del before["TRITON_CACHE_DIR"]
+    for name in before:
+        os.environ.pop(name, None)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(reports / "inductor-cache")
+
+    def put_back() -> None:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    config.add_cleanup(put_back)
 
 
 def _hold_cpu_class(level: str | None) -> None:
@@ -629,7 +678,7 @@ def _new_record(item: pytest.Item, state: AmpSession) -> Record:
     # the class as a whole.
     needs = {n for marker in item.iter_markers("requires") for n in marker.args}
     timing = {environments.CLASS} if item.get_closest_marker("timing") else set()
-    follows = {n for n in needs if (state.device.type, n) in devices.HARDWARE_CAPABILITIES}
+    follows = {n for n in needs if state.device.follows_hardware(n)}  # a team's too
     depends = follows | timing
     if depends:
         record.depends_on_hardware(*sorted(depends))
@@ -870,41 +919,41 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             records, writer.fullwidth, writer.hasmarkup, encoding,
             verbose=config.getoption("verbose") > 0, tty=bool(terminalreporter.isatty()),
         ))  # fmt: skip
-    terminalreporter.write_line(f"journal: {state.journal.path}")
+
+    say = terminalreporter.write_line  # one line each: scripts grep `MLflow: ...` whole
+    say(f"journal: {state.journal.path}")
     for record in records:
         if warned.FIELD in record.params:
-            terminalreporter.write_line(
+            say(
                 f"torch warned in {record.test} (recorded with it, not fatal): "
                 + shown.visible(cap(record.params[warned.FIELD], "in its record", 300, 1)),
                 yellow=True,
             )
     for message in dict.fromkeys(state.journal_warnings):
-        terminalreporter.write_line(f"journal: {message}", yellow=True)
+        say(f"journal: {message}", yellow=True)
     for message in state.rewrote():
-        terminalreporter.write_line(f"journal: {message}", red=True, bold=True)
+        say(f"journal: {message}", red=True, bold=True)
     if state.journal_down:
-        terminalreporter.write_line(f"journal: {state.journal_down}", red=True, bold=True)
+        say(f"journal: {state.journal_down}", red=True, bold=True)
     if state.sink is None:
-        terminalreporter.write_line(
+        say(
             f"MLflow: off (--no-mlflow); `amp-harness sync --reports {state.reports}` sends "
             "the journal later"
         )
     elif state.sink.down:
-        terminalreporter.write_line(
+        say(
             f"MLflow: {state.sink.down}; every result is in the journal: {state.sink.recovery()}",
             yellow=True,
         )
     else:
-        terminalreporter.write_line(
+        say(
             f"MLflow: {state.sink.label} (experiment {state.sink.experiment!r}); browse with "
             "`amp-harness ui`"
         )
     for refused in state.sink.refused if state.sink else []:
-        terminalreporter.write_line(
-            f"MLflow refused {refused}; the result is in the journal", yellow=True
-        )
+        say(f"MLflow refused {refused}; the result is in the journal", yellow=True)
     for note in state.sink.notes if state.sink else []:
-        terminalreporter.write_line(f"MLflow: {note}")
+        say(f"MLflow: {note}")
     if state.baseline is not None:
         _write_comparison(terminalreporter, state)
 

@@ -118,9 +118,13 @@ def outside_the_surface(source: str) -> list[str]:
 def imports_of(source: str) -> set[str]:
     """The harness modules a scenario's import lines name (the template's placeholders elsewhere
     are not Python, so only its import lines are read)."""
-    lines = [line for line in source.splitlines() if line.startswith(("from ", "import "))]
+    try:
+        tree = ast.parse(source)  # a scenario: imports in parentheses over several lines too
+    except SyntaxError:  # the template
+        lines = [line for line in source.splitlines() if line.startswith(("from ", "import "))]
+        tree = ast.parse("\n".join(lines))
     found = set()
-    for node in ast.walk(ast.parse("\n".join(lines))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):

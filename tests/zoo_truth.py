@@ -17,11 +17,15 @@ judged against fp32's own seed-to-seed spread:
      loss curve (the last tenth of the steps) worse than fp32's by more than fp32's own spread
      and by more than 1%; or it learned under half of what fp32 learned, where fp32's learning
      stands out of its spread;
-   - **trains as fp32**: neither.
+   - **differs from fp32**: neither diverged nor harmed, but its held-out loss or the end of its
+     loss curve *better* than fp32's by the same margins (more than fp32's own spread and more
+     than 1%): another run, not fp32's (`half` with AdamW eps 1e-4, whose fp16 second moments
+     are 0 on many entries, takes steps up to twice fp32's);
+   - **trains as fp32**: within the margins both ways.
 
-A prediction is **correct** when "safe" meets "trains as fp32" or a flag meets "diverges" or
-"harmed"; a "safe" on a run that diverges or is harmed is a **MISS**; a flag on a run that
-trains as fp32 is a **FALSE ALARM**.
+A prediction is **correct** when "safe" meets "trains as fp32" or a flag meets "diverges",
+"harmed" or "differs from fp32"; a "safe" on a run that diverges, is harmed or differs is a
+**MISS**; a flag on a run that trains as fp32 is a **FALSE ALARM**.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ ADAM_EPS = 1e-8  # torch's default
 HELD_OUT = 8
 SPREAD_SEEDS = (1, 2)
 MARGIN = 0.01  # a gap under 1% of fp32's loss is never harm, however tight fp32's spread
-DIVERGES, HARMED, FINE = "diverges", "harmed", "trains as fp32"
+DIVERGES, HARMED, DIFFERS, FINE = "diverges", "harmed", "differs from fp32", "trains as fp32"
 CORRECT, MISS, FALSE_ALARM = "correct", "MISS", "FALSE ALARM"
 SAFE = "safe"  # diagnose's word for "no flag"
 
@@ -196,7 +200,7 @@ def _keep_in_fp32(module: nn.Module, model_dtype: torch.dtype | None) -> None:
 
 @dataclass
 class Truth:
-    word: str  # DIVERGES, HARMED or FINE
+    word: str  # DIVERGES, HARMED, DIFFERS or FINE
     why: str  # the numbers behind it
 
 
@@ -251,13 +255,17 @@ def judge(run: Trained, ref: Reference) -> Truth:
     why = ", ".join(words)
     if not math.isfinite(run.held_out):
         return Truth(DIVERGES, f"held-out loss non-finite; {why}")
-    if any(gap > max(spread, MARGIN * abs(base)) for _, gap, base, spread in gaps):
+    # The same margin both ways: worse beyond it is harm, better beyond it is another run.
+    beyond = [(gap, max(spread, MARGIN * abs(base))) for _, gap, base, spread in gaps]
+    if any(gap > margin for gap, margin in beyond):
         return Truth(HARMED, why)
     # Learning little where fp32 learned (gradients flushed to zero stall a model): only where
     # fp32's learning stands out of its own spread, or noise on a flat curve would decide.
     learned, own = fp32.losses[0] - fp32.end, run.losses[0] - run.end
     if learned > max(ref.end_spread, MARGIN * abs(fp32.end)) and own < learned / 2:
         return Truth(HARMED, f"learned {own / learned:.0%} of what fp32 learned; {why}")
+    if any(gap < -margin for gap, margin in beyond):
+        return Truth(DIFFERS, f"{why}: better beyond the spread, not fp32's run")
     return Truth(FINE, why)
 
 

@@ -30,6 +30,8 @@ CATALOGUE_PATH = Path(__file__).with_name("claims.json")
 BUILTIN_TOML = (
     Path(__file__).with_name("claims_bf16.toml"),
     Path(__file__).with_name("claims_autocast.toml"),
+    Path(__file__).with_name("claims_compile.toml"),
+    Path(__file__).with_name("claims_fp8.toml"),
 )
 PROJECT_FILE = "claims.toml"
 DEFAULT_PROJECT = Path("scenarios") / PROJECT_FILE  # relative to the current folder

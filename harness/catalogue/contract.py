@@ -38,7 +38,7 @@ import re
 import string
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +53,7 @@ from harness.catalogue.claims import (
 )
 from harness.catalogue.controls import Controls, call_name, cannot_fail, walk
 from harness.common import filenames, shown
-from harness.common.errors import HarnessError
+from harness.common.errors import HarnessError, closest
 
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "scenario.py.tmpl"
 _NAME = re.compile(r"[A-Za-z0-9_]+")
@@ -352,14 +352,19 @@ def _collect(paths: list[Path]) -> _MarkerReader:
 # --- the checks --------------------------------------------------------------------------------
 
 
-def check(folder: Path, catalogue_path: Path | None = None) -> list[Problem]:
+def check(
+    folder: Path, catalogue_path: Path | None = None, capabilities: Iterable[str] | None = None
+) -> list[Problem]:
     """Every contract problem of the scenario files in `folder`, in file and line order. Claim
     IDs are those of the built-in catalogues and the project's (`catalogue_path`, by default
-    claims.toml in `folder`)."""
+    claims.toml in `folder`). `capabilities`: every capability name a scenario may require (the
+    lab's built-in ones, which this floor does not import, and the team's:
+    `declared_capabilities`); given, each `requires` name is checked against them, as
+    `amp-harness validate` does."""
     folder = _scenario_folder(folder)
     restore = use_project(catalogue_path or folder / PROJECT_FILE)
     try:
-        return _check_folder(folder)
+        return _check_folder(folder, None if capabilities is None else set(capabilities))
     finally:
         restore()
 
@@ -384,7 +389,7 @@ def claimed_tests(folder: Path) -> dict[str, list[str]] | None:
     return found
 
 
-def _check_folder(folder: Path) -> list[Problem]:
+def _check_folder(folder: Path, capabilities: set[str] | None) -> list[Problem]:
     problems: list[Problem] = []
     modules: list[tuple[_Module, list[_Test]]] = []
     for path in sorted(folder.glob("test_*.py")):
@@ -401,7 +406,42 @@ def _check_folder(folder: Path) -> list[Problem]:
     collected = _collect(unread) if unread else None
     for module, tests in modules:
         problems += _check_module(module, tests, collected)
+        if capabilities is not None:
+            problems += _unknown_requirements(module, capabilities)
     return problems
+
+
+def declared_capabilities(declared: Path) -> set[str]:
+    """The capability names a team declares in `declared` (its scenarios/capabilities.py), read
+    as text (`Capability("name", ...)`): importing it would run its probes' imports."""
+    names: set[str] = set()
+    try:
+        tree = ast.parse(declared.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):  # none, or the plugin names its fault
+        return names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and call_name(node) == "Capability":
+            name = _argument(node, 0, "name")
+            names.update((_strings(name) if name is not None else None) or [])
+    return names
+
+
+def _unknown_requirements(module: _Module, known: set[str]) -> Iterator[Problem]:
+    """Every `pytest.mark.requires("name")` of the module, in a decorator, a pytestmark or a
+    pytest.param, naming no capability: at run time it fails the session's collection."""
+    marks = [n for n in ast.walk(module.tree) if isinstance(n, ast.Call)]
+    for node in sorted(marks, key=lambda n: n.lineno):
+        if _mark_name(node.func) != "requires":
+            continue
+        for arg in node.args:
+            for name in _strings(arg) or []:
+                if name not in known:
+                    yield Problem(
+                        module.path, arg.lineno, "", f"requires unknown capability {name!r}",
+                        f"use one of {', '.join(sorted(known))} (closest: "
+                        f"{closest(name, sorted(known))}), or declare it in the team's "
+                        "capabilities.py beside the scenarios (docs/writing-a-scenario.md)",
+                    )  # fmt: skip
 
 
 def _check_module(

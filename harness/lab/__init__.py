@@ -5,12 +5,14 @@ Imports only harness.common. A scenario author's import surface is this package:
 
 - precision and hardware: `recipes` (the unit of comparison), `tf32`, `devices` (capabilities
   probed at run time), `hardware` (the CPU class and kernels in force, a GPU's facts), `gpus`
-  (the datasheet table), `formats`, `releases` (behaviour that changed between torch releases);
+  (the datasheet table), `formats`, `fp8` (the FP8 formats, scaled casts, an emulated FP8
+  Linear), `releases` (behaviour that changed between torch releases);
 - workloads: `models`, `data`, `train` (the training loop), `loops` (loops of several shapes
   observed step by step, and a claim decided over them);
 - instruments: `probes`, `measure` (timing and memory), `stats`, `memory_model`, `speedups`,
   `smoke`, `figures` (curves a scenario attaches to its record), `distributed` (gloo ranks);
 - `diagnose/`: the pitfalls measured on a user's own model (a package: runs, rules, fixes, verify);
 - `autocast_docs`, `autocast_ops`, `autocast_atlas`: PyTorch's documented autocast lists, and
-  every op on them measured.
+  every op on them measured; `compiled`: torch.compile's helpers for the compiled claims (a
+  fresh compile, its count, the upstream settings that restore eager's behaviour).
 """

@@ -4,11 +4,16 @@ are expected to have.
 Each capability a scenario needs (`@pytest.mark.requires(...)`) is, on the session's device:
 - present: its probe ran a tiny real case and saw it work;
 - absent: the hardware or the build genuinely lacks it (no GPU, a CPU-only wheel, a compute
-  capability or a torch release older than the feature): the test skips, and the reason says
-  which, so that a person can act on it;
+  capability or a torch release older than the feature), or the machine lacks what it is built
+  with (a probe's `Probe(absent=True)`: no C++ compiler for inductor): the test skips, and the
+  reason says which, so that a person can act on it;
 - a capability regression: EXPECTED says this build and hardware should have it, but the probe
   saw otherwise, or raised. The test fails at setup, naming the capability, what the probe saw
   and the claims it checks: a broken feature must never pass for a missing one.
+
+Most probes run when the device is probed, at the start of a session; one that takes seconds
+(inductor_compile's torch.compile) is in DEFERRED_PROBES and runs the first time a test asks
+for its capability.
 
 A team declares capabilities of its own beside its scenarios (`scenarios/capabilities.py`, the
 list CAPABILITIES of `Capability(name, text, probe, expected)`); the plugin loads them with
@@ -49,6 +54,9 @@ class Probe:
     works: bool
     saw: str  # in words: "autocast(cpu, bfloat16) made a Linear output float32"
     error: str = ""  # the probe's traceback, when it raised
+    # The machine lacks what the capability is built with (no C++ compiler for inductor): a
+    # genuine absence, a skip even where EXPECTED expects the capability of this build.
+    absent: bool = False
 
     @property
     def raised(self) -> bool:
@@ -65,7 +73,17 @@ def _run_probe(fn) -> Probe:
     except Warning as warning:
         return Probe(False, f"it warned: {type(warning).__name__}: {warning}")
     except Exception as exc:
-        return Probe(False, f"it raised {type(exc).__name__}: {exc}", traceback.format_exc())
+        return Probe(False, f"it raised {type(exc).__name__}: {_first_sentence(exc)}",
+                     traceback.format_exc())  # fmt: skip
+
+
+def _first_sentence(exc: BaseException, chars: int = 240) -> str:
+    """What an exception says, up to its first sentence's end: a skip reason is read, and a
+    dispatcher error goes on to list 40 backends (the whole text stays in Probe.error)."""
+    text = " ".join(str(exc).split())
+    end = text.find(". ")
+    text = text[: end + 1] if 0 < end < chars else text
+    return text if len(text) <= chars else text[: chars - 3] + "..."
 
 
 def _dtype(dtype: torch.dtype) -> str:
@@ -120,6 +138,27 @@ def _probe_tf32(device: str) -> Probe:
         errors[True] > 8 * errors[False],
         f"a 256x256 fp32 matmul's relative error was {errors[True]:.1e} with TF32 allowed and "
         f"{errors[False]:.1e} without",
+    )
+
+
+def _probe_fp8_scaled_mm(device: str, rowwise: bool = False) -> Probe:
+    """torch._scaled_mm on this device, float8_e4m3fn ones in and float32 out, with one scale
+    per tensor (or, `rowwise`, one per row of the first operand and per column of the second):
+    32 is the exact answer. The CPU's has no hardware requirement; CUDA's needs sm_89+."""
+    if not hasattr(torch, "_scaled_mm"):
+        return Probe(False, f"torch {torch.__version__} has no torch._scaled_mm")
+    ones = torch.ones(32, 32, device=device).to(torch.float8_e4m3fn)
+    scales = (torch.ones(32, 1, device=device), torch.ones(1, 32, device=device))
+    unit = torch.ones((), device=device)
+    scale_a, scale_b = scales if rowwise else (unit, unit)
+    out_dtype = torch.bfloat16 if rowwise else torch.float32  # rowwise: bfloat16 out on CUDA
+    out = torch._scaled_mm(
+        ones, ones.t().contiguous().t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype
+    )
+    out = out[0] if isinstance(out, tuple) else out  # torch 2.4 returned (out, amax)
+    return Probe(
+        out.dtype == out_dtype and float(out[0, 0]) == 32.0,
+        f"ones(32, 32) @ ones(32, 32) gave {float(out[0, 0]):g} in {out.dtype}, expected 32",
     )
 
 
@@ -229,6 +268,41 @@ def _probe_fsdp2(device: str) -> Probe:
     )
 
 
+def _probe_inductor_compile(device: str) -> Probe:
+    """torch.compile with backend="inductor" of a tiny function, run and held to eager. What it
+    is built with is looked up first: a machine without it lacks the capability (absent); with
+    it, a compile that raises or computes otherwise is a broken one. Warnings torch gives while
+    importing and compiling are counted, not fatal: they are not what is probed."""
+    from harness.lab import compiled  # no torch._dynamo import until a test needs this
+
+    def tiny(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2 + 1
+
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        if device == "cpu":
+            found, looked_for = compiled.cpp_compiler()
+            tool = f"C++ compiler {found}" if found else ""
+            missing = f"no C++ compiler: {looked_for} (torch._inductor.config.cpp.cxx) not on PATH"
+        else:
+            spec = importlib.util.find_spec("triton")
+            tool = f"triton at {spec.origin}" if spec else ""
+            missing = "triton is not installed (inductor generates CUDA kernels with it)"
+        if not tool:
+            return Probe(False, missing, absent=True)
+        x = torch.linspace(-2, 2, 8, device=device)
+        with compiled.denormals_kept():  # torch 2.4's kernels would turn flush-to-zero on
+            got, want = compiled.fresh(tiny, "inductor")(x), tiny(x)
+    gap = float((got - want).abs().max())
+    return Probe(
+        torch.equal(got, want),
+        f"torch.compile(backend='inductor') of relu(x) * 2 + 1 with the {tool}: "
+        + ("eager's values" if gap == 0 else f"off eager's by up to {gap:g}")
+        + f" for {x.numel()} inputs"
+        + (f" ({len(heard)} warning(s) while compiling)" if heard else ""),
+    )
+
+
 PROBES = {
     "fp16_autocast": lambda device: _probe_autocast(device, torch.float16),
     "bf16_autocast": lambda device: _probe_autocast(device, torch.bfloat16),
@@ -236,6 +310,8 @@ PROBES = {
     "half_training": _probe_half_training,
     "tf32": _probe_tf32,
     "fp8_matmul": _probe_fp8_matmul,
+    "fp8_scaled_mm": _probe_fp8_scaled_mm,
+    "fp8_rowwise_scaled_mm": lambda device: _probe_fp8_scaled_mm(device, rowwise=True),
     "fused_optimizers": _probe_fused_optimizers,
     "gloo": _probe_gloo,
     "fsdp2": _probe_fsdp2,
@@ -243,6 +319,13 @@ PROBES = {
     "fp16_rnn": lambda device: _probe_rnn(device, torch.float16),
     "bf16_matmul_kernel": lambda device: _probe_matmul_kernel(device, torch.bfloat16),
     "fp16_matmul_kernel": lambda device: _probe_matmul_kernel(device, torch.float16),
+}
+
+# Probes that take seconds (a torch.compile: importing dynamo and inductor alone takes about 3 s
+# on 2 cores, a first C++ build 10 s more) run the first time a test needs their capability,
+# not at the start of every session and isolated worker, most of which never compile.
+DEFERRED_PROBES = {
+    "inductor_compile": _probe_inductor_compile,
 }
 
 CAPABILITY_TEXT = {
@@ -253,6 +336,8 @@ CAPABILITY_TEXT = {
     "half_training": "float16 kernels to train a .half() model (linear, batch and layer norm)",
     "tf32": "TF32 tensor cores (an NVIDIA GPU of compute capability 8.0 or newer)",
     "fp8_matmul": "an fp8 matmul (torch._scaled_mm on float8_e4m3fn, compute capability 8.9+)",
+    "fp8_scaled_mm": "torch._scaled_mm on this device (float8_e4m3fn, one scale per tensor)",
+    "fp8_rowwise_scaled_mm": "torch._scaled_mm with a scale per row and per column",
     "fused_optimizers": "fused=True SGD, Adam and AdamW (kernels that take GradScaler's check)",
     "gloo": "torch.distributed with gloo (the CPU ranks of the distributed scenarios)",
     "fsdp2": "FSDP2 (fully_shard, MixedPrecisionPolicy, ShardedGradScaler) on gloo CPU ranks",
@@ -260,6 +345,8 @@ CAPABILITY_TEXT = {
     "fp16_rnn": "a float16 LSTM under autocast (on the CPU: oneDNN's RNN kernel)",
     "bf16_matmul_kernel": "a CPU matmul kernel computing in bfloat16 instructions (oneDNN)",
     "fp16_matmul_kernel": "a CPU matmul kernel computing in float16 instructions (oneDNN)",
+    "inductor_compile": "torch.compile's inductor backend (a C++ compiler on the CPU, triton "
+    "on CUDA)",
 }
 
 
@@ -298,6 +385,15 @@ EXPECTED: dict[tuple[str, str], Expected] = {
         "AttributeError on 2.6.0; it runs on 2.7.1, 2.9.1, 2.13.0 and 2.14.1)",
     ),
     ("cuda", "gloo"): Expected(source="every torch wheel for Linux and Windows has gloo"),
+    # Where the machine has what inductor builds with (the probe says absent otherwise: a skip).
+    ("cpu", "inductor_compile"): Expected(
+        source="inductor compiles CPU kernels with the machine's C++ compiler (torch 2.0 on): "
+        "measured compiling on torch 2.4.1, 2.5.1, 2.6.0, 2.9.1, 2.13.0 and 2.14.1 with g++"
+    ),
+    ("cuda", "inductor_compile"): Expected(
+        source="inductor generates CUDA kernels with triton, a dependency of torch's Linux "
+        "CUDA wheels"
+    ),
     # The FSDP2 rehearsal runs on CPU ranks whatever the session's device: from 2.7, as there.
     ("cuda", "fsdp2"): Expected((2, 7), source="FSDP2 runs on gloo CPU ranks from torch 2.7"),
     ("cuda", "fp16_autocast"): Expected(source="float16 is CUDA autocast's default dtype"),
@@ -316,6 +412,22 @@ EXPECTED: dict[tuple[str, str], Expected] = {
         (8, 9),
         "fp8 tensor cores from Ada and Hopper (sm_89, sm_90) on, with "
         "torch._scaled_mm's single-tensor result from torch 2.5",
+    ),
+    ("cuda", "fp8_scaled_mm"): Expected(
+        (2, 5), (8, 9), "torch._scaled_mm on CUDA needs fp8 tensor cores (sm_89, sm_90 on)"
+    ),
+    ("cpu", "fp8_scaled_mm"): Expected(
+        (2, 9),
+        source="torch._scaled_mm has a CPU kernel from 2.9 on: measured absent on 2.4.1, 2.5.1 "
+        "and 2.6.0 ('Could not run aten::_scaled_mm ... CPU backend'), present on 2.9.1, 2.11.0, "
+        "2.12.1, 2.13.0 and 2.14.1 (2.7 and 2.8 not measured)",
+    ),
+    # Rowwise scales on the CPU: 2.9.1 asserts scale_a.numel() == 1. No CUDA row: which GPUs
+    # take rowwise scales in which release was not measured (a present one runs; none skips).
+    ("cpu", "fp8_rowwise_scaled_mm"): Expected(
+        (2, 12),
+        source="measured: 2.9.1 and 2.11.0 refuse rowwise scales on the CPU (an internal assert "
+        "that both scales have one element); 2.12.1, 2.13.0 and 2.14.1 compute them",
     ),
     # The CPU rows that follow the hardware, measured by holding one machine's kernels down
     # (--amp-cpu-class; docs/hardware.md). float16 RNN and matmul kernels need AVX512-FP16 or
@@ -413,11 +525,22 @@ def with_team_capabilities(device: DeviceInfo, path: Path) -> DeviceInfo:
         probed = {c.name: _probe_team(c, device.type) for c in declared}
     except HarnessError as exc:
         raise HarnessError(f"{path}: {exc}") from None
+    DECLARED.update({c.name: c.text for c in declared})
     return dataclasses.replace(
         device,
         capabilities={**device.capabilities, **probed},
         team={c.name: c for c in declared},
     )
+
+
+# The team capabilities this process has loaded, name -> text: names a record may give
+# `depends_on_hardware` beside the built-in ones (it has no DeviceInfo to ask).
+DECLARED: dict[str, str] = {}
+
+
+def known_capabilities() -> dict[str, str]:
+    """Every capability name a scenario may name here, built-in or its team's, with its text."""
+    return {**CAPABILITY_TEXT, **DECLARED}
 
 
 def _load_capabilities(path: Path) -> tuple[Capability, ...]:
@@ -560,11 +683,14 @@ class DeviceInfo:
         return Lack("cuda", _no_cuda_reason())
 
     def _lack(self, need: str, seen: Probe | None = None) -> Lack | None:
-        seen = seen or self.capabilities.get(need)
+        seen = seen or self._seen(need)
         if seen is not None and seen.works:
             return None
         text = self._text(need)
         saw = seen.saw if seen else "not probed"
+        if seen is not None and seen.absent:
+            why = "this machine lacks what it is built with"
+            return Lack(need, f"needs {text}: {why} ({saw})", why=why)
         expected, why_not = self._expectation(need)
         if expected is None:
             return Lack(need, f"needs {text}: {why_not} ({saw})", why=why_not)
@@ -576,6 +702,22 @@ class DeviceInfo:
             regression=True,
             error=seen.error if seen else "",
         )
+
+    def _seen(self, need: str) -> Probe | None:
+        """What `need`'s probe saw; a deferred probe (DEFERRED_PROBES) runs now, the first time
+        it is asked for, and is kept with the others."""
+        if need not in self.capabilities and need in DEFERRED_PROBES:
+            self.capabilities[need] = _run_probe(lambda: DEFERRED_PROBES[need](self.type))
+        return self.capabilities.get(need)
+
+    def follows_hardware(self, need: str) -> bool:
+        """Whether `need`'s presence here follows the hardware (its row expects it from a
+        compute capability or a CPU level): a test that needs it depends on the hardware."""
+        team = self.team.get(need)
+        if team is None:
+            return (self.type, need) in HARDWARE_CAPABILITIES
+        row = team.expected.get(self.type)
+        return row is not None and bool(row.cc or row.cpu)
 
     def _text(self, need: str) -> str | None:
         """What `need` is, in words: a built-in capability's, or a team's; None if unknown."""

@@ -79,6 +79,24 @@ CHANGES: dict[str, Change] = {
             "returns float16 on all of them: the float32 came from the product with the weight"
         ),
     ),
+    "e4m3-cpu-cast-saturates": Change(
+        claim="FP8-E4M3-OVERFLOW-SATURATES",
+        device="cpu",
+        since=(2, 13),
+        before_seen=("2.4.1", "2.5.1", "2.6.0", "2.9.1", "2.11.0", "2.12.1"),
+        before=(
+            "a CPU cast to float8_e4m3fn gives NaN for a finite value that rounds beyond 448 "
+            "and for +-inf"
+        ),
+        current="the CPU cast saturates both a finite overflow and +-inf to +-448",
+        how=(
+            "measured with FP8-E4M3-OVERFLOW-SATURATES's casts (465, 500, 1e4, 1e30, float32's "
+            "max, their negatives, +-inf) on PyPI's releases: NaN on 2.4.1, 2.5.1, 2.6.0, 2.9.1, "
+            "2.11.0 and 2.12.1; +-448 on 2.13.0 and 2.14.1 (464, the tie below the NaN slot, "
+            "gives 448 on all). The change is pytorch/pytorch#178817 ('Properly saturate E4M3 "
+            "on finite-overflow on CPU/C++ conversion code', merged 2026-04-17, first in 2.13)"
+        ),
+    ),
 }
 
 

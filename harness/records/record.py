@@ -93,18 +93,19 @@ class Record:
         return key_metrics(self.params, self.metrics)
 
     def depends_on_hardware(self, *capabilities: str) -> None:
-        """Capabilities (harness.lab.devices.CAPABILITY_TEXT) whose presence follows the hardware
+        """Capabilities (harness.lab.devices.known_capabilities) whose presence follows the hardware
         and decides this test's verdicts, or `class` for the hardware class as a whole (a
         timing test). Where two environments' classes differ in one of them, `compare` and the
         report attribute a difference of this test to the hardware. Named in the param
         `depends_on_hardware`; the plugin adds the test's `requires` that follow the hardware."""
-        from harness.lab.devices import CAPABILITY_TEXT  # torch: loaded in any scenario test
+        from harness.lab.devices import known_capabilities  # torch: loaded in any scenario test
 
-        unknown = [c for c in capabilities if c not in CAPABILITY_TEXT and c != environments.CLASS]
+        known = known_capabilities()  # the built-in ones and the team's (scenarios/capabilities.py)
+        unknown = [c for c in capabilities if c not in known and c != environments.CLASS]
         if unknown:
             raise HarnessError(
                 f"{self.test}: depends_on_hardware({', '.join(map(repr, unknown))}): not a "
-                f"capability; known are {', '.join(sorted(CAPABILITY_TEXT))}, and "
+                f"capability; known are {', '.join(sorted(known))}, and "
                 f"{environments.CLASS!r} for the hardware class as a whole"
             )
         named = environments.depends_on(self.params.get(DEPENDS_ON_HARDWARE, ""))

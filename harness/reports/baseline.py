@@ -22,15 +22,16 @@ from harness.catalogue import verdicts
 from harness.common.errors import HarnessError
 from harness.records import environments, shapes
 from harness.records.journal import Journal, Session
-from harness.records.journal_index import Indexed
+from harness.records.journal_index import Indexed, short_id
 from harness.records.record import DEPENDS_ON_HARDWARE, SCENARIO_DIGEST
 
+LISTED_IN_ERRORS = 5  # sessions named by the error for an id that names none
 FORMAT = 2  # 2: verdicts carry their test's outcome (`stands`); sessions say what they lack
 
 
 def find_session(sessions: dict[str, Indexed], session_id: str, where: Path) -> str:
     """The full id of the session `session_id` names: the id itself or a unique prefix of it
-    (the 8 characters `compare` prints)."""
+    (the 12 characters `sessions` and every session's end print)."""
     if session_id in sessions:
         return session_id
     matches = [sid for sid in sessions if sid.startswith(session_id)]
@@ -41,8 +42,15 @@ def find_session(sessions: dict[str, Indexed], session_id: str, where: Path) -> 
             f"{where}: session {session_id!r} is ambiguous: it starts "
             f"{', '.join(m[:12] for m in matches)}; give more of the id"
         )
-    recorded = ", ".join(f"{sid[:8]} ({s.entry['name']})" for sid, s in sessions.items())
-    raise HarnessError(f"{where}: no session {session_id!r}; recorded: {recorded}")
+    # The latest few, as `amp-harness sessions` names them: a year of CI history is 50,000
+    # sessions, and an error that lists them all is a page nobody reads.
+    latest = list(sessions.items())[-LISTED_IN_ERRORS:]
+    shown = ", ".join(f"{short_id(sid)} ({s.entry['name']})" for sid, s in reversed(latest))
+    more = len(sessions) - len(latest)
+    recorded = f"the latest: {shown}" + (f", and {more} older" if more else "")
+    raise HarnessError(
+        f"{where}: no session {session_id!r}; {recorded} (`amp-harness sessions` lists them all)"
+    )
 
 
 def summarize(journal: Journal, session_id: str | None = None, ending: dict | None = None) -> dict:

@@ -629,47 +629,50 @@ def render(comparison: Comparison, console) -> None:
     or terminal control: test ids carry brackets (`test_x[float16]`), evidence anything."""
     c = comparison
     for note in c.hardware_notes():  # first: it changes how every row below reads
-        console.print(shown.text(note, "bold yellow"))
-    console.print(shown.text(f"A: {c.a}\nB: {c.b}"))
+        _line(console, note, "bold yellow")
+    _line(console, f"A: {c.a}\nB: {c.b}")
     if c.environment:
         changed = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in c.environment.items())
-        console.print(shown.text(f"environment: {changed}"))
+        _line(console, f"environment: {changed}")
     if c.scenarios_changed:
-        console.print(shown.text(
+        _line(
+            console,
             f"scenario changed (other code ran in A and B): {', '.join(c.scenarios_changed)}",
             "yellow",
-        ))  # fmt: skip
+        )
     wide = console.is_terminal and console.width >= table.TABLE_WIDTH
     if c.verdicts:
         explained = sum(v.attribution.explained for v in c.verdicts)
-        console.print(shown.text(
+        _line(
+            console,
             f"verdicts changed: {len(c.verdicts)}"
             + (f" ({explained} {EXPLAINED})" if explained else ""),
             "bold red" if explained < len(c.verdicts) else "bold yellow",
-        ))  # fmt: skip
+        )
         (_verdict_table if wide else _verdict_blocks)(c, console)
     if c.metrics:
         flagged = sum(m.flagged for m in c.metrics)
-        console.print(shown.text(
+        _line(
+            console,
             f"metrics changed: {len(c.metrics)}, flagged: {flagged} (Welch p < {c.alpha} and "
             f"a change beyond {c.threshold:.0%})",
             "bold",
-        ))  # fmt: skip
+        )
         (_metric_table if wide else _metric_blocks)(c, console)
     for lost in c.lost:
-        console.print(shown.text(f"decision lost: {lost.describe()}", _style(lost.attribution)))
+        _line(console, f"decision lost: {lost.describe()}", _style(lost.attribution))
     if c.not_compared:
-        console.print(
-            shown.text(
-                f"not compared (B ran part of the suite): {', '.join(c.not_compared)}", "yellow"
-            )
+        _line(
+            console,
+            f"not compared (B ran part of the suite): {', '.join(c.not_compared)}",
+            "yellow",
         )
     for side, missing in (("A", c.only_a), ("B", c.only_b)):
         if missing:
             more = f", ... ({len(missing)} in all)" if len(missing) > 5 else ""
-            console.print(shown.text(f"only in {side}: {', '.join(missing[:5])}{more}"))
+            _line(console, f"only in {side}: {', '.join(missing[:5])}{more}")
     style = "bold red" if c.regressions else "green" if c.overlapped else "yellow"
-    console.print(shown.text(c.summary_line(), style))
+    _line(console, c.summary_line(), style)
 
 
 def _verdict_table(c: Comparison, console) -> None:
@@ -746,10 +749,16 @@ def _metric_blocks(c: Comparison, console) -> None:
             _indented(console, f"why: {m.attribution.why}", _why_style(m.attribution))
 
 
-def _indented(console, text: str, style: str = "") -> None:
-    """`text` as data, wrapped at the console's width under table.INDENT."""
-    for line in table.indented(shown.visible(text), console.width, table.INDENT):
+def _indented(console, text: str, style: str = "", indent: str = table.INDENT) -> None:
+    """`text` as data, wrapped at the console's width under `indent`."""
+    for line in table.indented(shown.visible(text), console.width, indent):
         console.print(line, style=style, soft_wrap=True, markup=False, highlight=False)
+
+
+def _line(console, text: str, style: str = "") -> None:
+    """A line of the comparison's own, as data; what it wraps into indented under it (rich
+    wrapped `A: session ... / torch` onto a line of its own at the left margin)."""
+    _indented(console, text, style, indent="")
 
 
 def _style(attribution: Attribution) -> str:

@@ -18,9 +18,10 @@ report (harness.reports.report) caps its entries the same way.
 from __future__ import annotations
 
 import dataclasses
-import textwrap
+import re
 from collections import Counter
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -219,17 +220,39 @@ def _evidence_lines(verdict: verdicts.ClaimVerdict, per_test: bool) -> list[str]
 
 
 def indented(text: str, width: int, indent: str, whole_words: bool = False) -> list[str]:
-    """`text` wrapped at `width`, each of its lines indented by `indent` and a line it wraps
-    into by two more spaces (textwrap: `->` and `2**-14` never split at their dash). A word
-    longer than the width is split, unless `whole_words` (a path or a command to copy)."""
-    return [
-        wrapped
-        for line in text.split("\n")
-        for wrapped in textwrap.wrap(
-            line, width, initial_indent=indent, subsequent_indent=indent + "  ",
-            break_on_hyphens=False, break_long_words=not whole_words,
-        ) or [indent.rstrip()]
-    ]  # fmt: skip
+    """`text` wrapped at `width` terminal cells, each of its lines indented by `indent` and a
+    line it wraps into by two more spaces. Lines break at spaces only (`->` and `2**-14` stay
+    whole), and a wide character (CJK: the article's pitfall titles) counts as the two cells it
+    takes. A word longer than a line gets a line of its own and is split there, after its last
+    `::` that fits where it has one (a test id), unless `whole_words` (a path or a command to
+    copy). textwrap counted characters and filled the rest of a line with the start of a long
+    word: `test_grad` / `ient_explosion.py::...`."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        current, started = indent, False
+        for space, word in re.findall(r"(\s*)(\S+)", line):
+            if started and cell_len(current + space + word) <= width:
+                current += space + word
+                continue
+            if started:
+                out.append(current)
+                current = indent + "  "
+            current, started = current + word, True
+            while not whole_words and cell_len(current) > width:
+                head, current = _split(current, width, indent + "  ")
+                out.append(head)
+        out.append(current if started else indent.rstrip())
+    return out
+
+
+def _split(line: str, width: int, rest: str) -> tuple[str, str]:
+    """`line`, over `width` cells, cut into what fits and the rest (a line of its own)."""
+    fits = len(line)
+    while cell_len(line[:fits]) > width:
+        fits -= 1
+    at = line.rfind("::", 0, fits - 1) + 2
+    cut = at if at > len(rest) + 2 else fits  # after a `::`, unless that leaves a stub
+    return line[:cut], rest + line[cut:]
 
 
 def counts_line(records: list[Record]) -> str:

@@ -672,3 +672,39 @@ def test_what_cannot_fail(test, why):
     from harness.catalogue.controls import cannot_fail
 
     assert cannot_fail(ast.parse(test, mode="eval").body) == why
+
+
+REQUIRES = (
+    GOOD.replace(
+        '@pytest.mark.claim("FMT-BYTES")',
+        '@pytest.mark.claim("FMT-BYTES")\n'
+        '@pytest.mark.requires("grad_scaler", "team_kernel", "inductr")',
+    )
+    + '\nPARAMS = [pytest.param(1, marks=pytest.mark.requires("bf16_autocats"))]\n'
+)
+TEAM_CAPABILITY = """
+from harness.lab.devices import Capability, Expected, Probe
+
+CAPABILITIES = [Capability("team_kernel", "a kernel", lambda d: Probe(True, "ran"),
+                           {"cpu": Expected(source="any CPU")})]
+"""
+
+
+def test_a_requirement_naming_no_capability_is_a_problem_with_the_closest_names(tmp_path):
+    """Built-in names and the team's (capabilities.py beside the scenarios) pass; a misspelt
+    one, in a decorator or a pytest.param, is named with its line, the closest names and where
+    a team declares its own, before any run fails on it."""
+    folder = scenarios(tmp_path, test_scn=REQUIRES, capabilities=TEAM_CAPABILITY)
+
+    def problems(folder: Path) -> list[str]:  # as `amp-harness validate` checks them
+        team = contract.declared_capabilities(folder / devices.TEAM_CAPABILITIES)
+        known = {*devices.CAPABILITY_TEXT, *team}
+        return [str(p) for p in contract.check(folder, capabilities=known)]
+
+    found = problems(folder)
+    assert len(found) == 2, found
+    assert f"{folder / 'test_scn.py'}:11: requires unknown capability 'inductr'" in found[0]
+    assert "requires unknown capability 'bf16_autocats'" in found[1]
+    assert "(closest: bf16_autocast" in found[1] and "declare it in" in found[1]
+    (folder / "capabilities.py").unlink()
+    assert "'team_kernel'" in " ".join(problems(folder))

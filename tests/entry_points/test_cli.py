@@ -389,6 +389,9 @@ def test_report_name_too_long_for_a_folder_is_one_line_before_reading_mlflow(tmp
     assert report.report_dir(tmp_path, "r" * 242) == tmp_path / ("r" * 242)
 
 
+LONG_TEST = "test_gradient_explosion.py::test_clipping_before_unscale_clips_scaled_gradients"
+
+
 @pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
 @pytest.mark.parametrize("width", [300, 80, 41])
 def test_list_in_a_log_prints_blocks_that_fit_its_width_and_keep_every_word(width, encoding):
@@ -396,9 +399,11 @@ def test_list_in_a_log_prints_blocks_that_fit_its_width_and_keep_every_word(widt
     width: every line fits (the ASCII ones exactly; CJK takes two cells a character), every word
     of every field is kept, in what the encoding shows, and text is data, never terminal
     control. A table (rich's, a millisecond a row) is for a terminal and a few hundred claims."""
+    from rich.cells import cell_len
+
     rows = [
         {"id": c.id, "statement": c.statement, "source": c.source,
-         "shown_tests": ["test_a.py::test_b"], "shown_verdict": "-"}
+         "shown_tests": ["test_a.py::test_b", LONG_TEST], "shown_verdict": "-"}
         for c in claims.builtin().values()
     ]  # fmt: skip
     hostile = {"id": "TEAM-HOSTILE", "statement": "[/bold] " + "x" * 90,
@@ -408,9 +413,21 @@ def test_list_in_a_log_prints_blocks_that_fit_its_width_and_keep_every_word(widt
     drawn = cli._claim_blocks("the title", rows, width, encoding)
     drawn.encode(encoding)  # it shows on such a terminal as it is
     assert "\x1b" not in drawn  # data (`\\x1b[2J`, kept), never terminal control
-    assert all(len(line) <= width for line in drawn.splitlines() if line.isascii())
+    assert drawn.endswith("\n")  # what a script prints next starts on a line of its own
+    assert all(cell_len(line) <= width for line in drawn.splitlines())  # CJK: 2 cells a char
     words = "".join(drawn.split())
     for row in rows:
         for field in ("id", "statement", "source"):
             shown_text = shown.for_encoding(shown.visible(row[field]), encoding)
             assert "".join(shown_text.split()) in words, (field, row[field])
+
+
+def test_a_test_id_too_long_for_a_line_breaks_after_its_file_not_inside_a_word():
+    from harness.reports.table import indented
+
+    lines = indented(f"tests: test_advice.py::test_the_norm, {LONG_TEST}, test_x.py::t", 80, "  ")
+    assert lines == [
+        "  tests: test_advice.py::test_the_norm,",
+        "    test_gradient_explosion.py::",
+        "    test_clipping_before_unscale_clips_scaled_gradients, test_x.py::t",
+    ]

@@ -17,6 +17,18 @@ from conftest import REPO
 MODULES = ("test_grad_scaler.py", "test_convergence.py")
 SELECTION = "grad_scaler or accuracy"  # every GradScaler test and HDL-ACCURACY's training runs
 TIMING_SUFFIX = "time_s"
+# The convergence scenario's models at a sixth of their training cost: determinism does not
+# depend on size, and two runs at full size took 28 s of the suite's 2 cores. Whether these
+# sizes still decide HDL-ACCURACY does not matter here: both runs must decide it alike.
+SHRINK = """
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    for module in {item.module for item in items if item.module.__name__.endswith("convergence")}:
+        small = module.Setup("mlp", 5_000, 50, 64, 3e-3)
+        module.SMALL, module.LARGE = (small,), {"cpu": small}
+"""
 
 
 def sessions(pytester: pytest.Pytester) -> list[dict[str, dict]]:
@@ -40,20 +52,21 @@ def test_two_cpu_runs_with_the_same_seed_agree_exactly(pytester):
     (pytester.path / "scenarios").mkdir()
     for module in MODULES:
         shutil.copy(REPO / "scenarios" / module, pytester.path / "scenarios" / module)
+    pytester.makeconftest(SHRINK)
     for _ in range(2):
         result = pytester.runpytest_subprocess(
             "scenarios", "-k", SELECTION, "--no-mlflow", "--amp-device=cpu",
             "-p", "no:cacheprovider", f"--amp-reports={pytester.path / 'reports'}",
             timeout=300,
         )  # fmt: skip
-        result.assert_outcomes(passed=6, deselected=1)
+        assert result.parseoutcomes()["deselected"] == 1, result.outlines[-5:]
 
     first, second = sessions(pytester)
     assert sorted(first) == sorted(second) and len(first) == 6
     verdicts = 0
     for test, a in first.items():
         b = second[test]
-        assert a["outcome"] == b["outcome"] == "passed", test
+        assert a["outcome"] == b["outcome"], f"{test}: {a['outcome']}, then {b['outcome']}"
         assert a["verdicts"] == b["verdicts"], f"{test}: verdicts differ between two runs"
         assert a["params"] == b["params"], f"{test}: params differ"
         changed = sorted(k for k in a["metrics"] if a["metrics"][k] != b["metrics"].get(k))

@@ -64,3 +64,37 @@ def test_the_hardware_capabilities_are_the_rows_with_a_hardware_condition():
     assert ("cpu", "bf16_rnn") in devices.HARDWARE_CAPABILITIES
     assert ("cuda", "bf16_autocast") in devices.HARDWARE_CAPABILITIES
     assert ("cpu", "bf16_autocast") not in devices.HARDWARE_CAPABILITIES
+
+
+TEAM_CAPABILITIES = """
+from harness.lab.devices import Capability, Expected, Probe
+
+CAPABILITIES = [
+    Capability("team_vector_kernel", "the team's vectorised kernel",
+               lambda device_type: Probe(True, "ran"),
+               {"cpu": Expected(cpu="sse41", source="its kernel needs SSE4.1")}),
+    Capability("team_plain_kernel", "the team's plain kernel",
+               lambda device_type: Probe(True, "ran"),
+               {"cpu": Expected(source="any CPU runs it")}),
+]
+"""
+TEAM_SCENARIO = """
+import pytest
+
+@pytest.mark.claim("FMT-BYTES")
+@pytest.mark.requires("team_vector_kernel", "team_plain_kernel")
+def test_bytes(record):
+    record.depends_on_hardware("team_plain_kernel")  # the scenario may name a team's too
+    record.verdict("FMT-BYTES", "confirmed", "fp16 2 bytes")
+"""
+
+
+def test_a_team_capability_that_follows_the_cpu_level_is_a_hardware_dependency(pytester):
+    """A team's capability expected from a CPU level (or a compute capability) follows the
+    hardware as a built-in one with such a row does; one expected everywhere does not, unless
+    the scenario names it."""
+    pytester.makepyfile(**{"scenarios/capabilities": TEAM_CAPABILITIES})
+    result = run(pytester, TEAM_SCENARIO)
+    result.assert_outcomes(passed=1)
+    (rec,) = journal_records(pytester)
+    assert rec["params"][DEPENDS_ON_HARDWARE] == "team_plain_kernel,team_vector_kernel"

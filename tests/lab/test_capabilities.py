@@ -11,11 +11,12 @@ import io
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, Toy
 
 from harness.lab import devices, hardware, releases
 from harness.lab.devices import DeviceInfo, Probe
@@ -67,6 +68,20 @@ def _refuse_fused_optimizers(monkeypatch):
         monkeypatch.setattr(kind, "__init__", refusing)
 
 
+def _scaled_mm_refusing(rowwise_only: bool):
+    """torch._scaled_mm refusing every call (a build without the CPU kernel, as before 2.9), or
+    only calls with a scale per row (as 2.9 to 2.11 do)."""
+    real = torch._scaled_mm
+
+    def refusing(a, b, *args, scale_a=None, scale_b=None, **kwargs):
+        if not rowwise_only or scale_a.numel() > 1 or scale_b.numel() > 1:
+            raise RuntimeError("Could not run 'aten::_scaled_mm' with arguments from the 'CPU' "
+                               "backend.")  # fmt: skip
+        return real(a, b, *args, scale_a=scale_a, scale_b=scale_b, **kwargs)
+
+    return refusing
+
+
 BREAKS = {
     "fp16_autocast": lambda mp: mp.setattr(torch, "autocast", _autocast_ignoring(torch.float16)),
     "bf16_autocast": lambda mp: mp.setattr(torch, "autocast", _autocast_ignoring(torch.bfloat16)),
@@ -75,6 +90,8 @@ BREAKS = {
     "gloo": lambda mp: mp.setattr(torch.distributed, "is_gloo_available", lambda: False),
     "fsdp2": lambda mp: mp.delattr(torch.distributed.fsdp, "fully_shard"),
     "fused_optimizers": _refuse_fused_optimizers,
+    "fp8_scaled_mm": lambda mp: mp.setattr(torch, "_scaled_mm", _scaled_mm_refusing(False)),
+    "fp8_rowwise_scaled_mm": lambda mp: mp.setattr(torch, "_scaled_mm", _scaled_mm_refusing(True)),
 }
 # (capability, scenario module, -k, the tests that need it, their claims, what the probe saw)
 CASES = [
@@ -85,6 +102,8 @@ CASES = [
     ("gloo", "test_distributed.py", "world2", 5, ["PIT3-ZERO-ALL"], "answered False"),
     ("fsdp2", "test_distributed.py", "fsdp2 and world2", 1, ["PIT3-CHECK"], "ImportError"),
     ("fused_optimizers", "test_loop_shapes.py", "fused", 1, ["SCL-STEP-UNSCALES"], "RuntimeError"),
+    ("fp8_scaled_mm", "test_fp8.py", "multiplies", 1, ["FP8-SCALED-MM"], "RuntimeError"),
+    ("fp8_rowwise_scaled_mm", "test_fp8.py", "rowwise", 1, ["FP8-SCALED-MM"], "RuntimeError"),
 ]
 
 
@@ -517,3 +536,61 @@ def test_a_rocm_gpu_lacking_a_compute_capability_feature_skips(monkeypatch, need
     assert fp16.missing("fp16_autocast").regression
     monkeypatch.setattr(torch.version, "hip", None)
     assert mi300.missing(need).regression
+
+
+# --- inductor_compile: probed when a test first asks for it ------------------------------------
+
+_INDUCTOR_ONLY = Toy(BACKENDS=("inductor",))  # the scenario's inductor arm alone: no aot_eager
+_COMPILED_TEST = (
+    "test_compiled_amp.py",
+    "-k",
+    "test_compiled_block_keeps_eager_dtypes and bfloat16",
+)
+
+
+def _inductor_raising(*args, **kwargs):
+    raise RuntimeError("g++ exited with status 1 (a broken toolchain)")
+
+
+@pytest.fixture(scope="module")
+def broken_probe() -> Probe:
+    """inductor_compile's probe run once with inductor raising, before the test's pytester
+    snapshot: what compiling imports (some 30 modules, custom ops among them) stays imported.
+    pytester drops what a test imported, and torch's compiler modules imported a second time
+    break ("Artifact of type=autotune already registered")."""
+    with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch's: torch.jit.script_method
+        import torch._inductor.compile_fx
+
+        patch.setattr(torch._inductor.compile_fx, "compile_fx", _inductor_raising)
+        return devices._run_probe(lambda: devices.DEFERRED_PROBES["inductor_compile"]("cpu"))
+
+
+@pytest.mark.slow
+def test_a_broken_inductor_is_a_regression_and_a_missing_compiler_a_skip(
+    run_scenario, pytester, monkeypatch, reprobe, broken_probe
+):
+    """inductor_compile's probe compiles with torch.compile(backend="inductor") the first time a
+    test asks for it. With a C++ compiler on PATH and inductor raising, the probe says it raised
+    and the test fails as a capability regression naming it, never a skip. The control: without
+    a compiler (what torch._inductor.config.cpp.cxx names is not on PATH) the capability is
+    absent, and the test skips with that reason."""
+    import torch._inductor.compile_fx
+    from torch._inductor import config
+
+    assert not broken_probe.works and broken_probe.raised and not broken_probe.absent
+    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", _inductor_raising)
+    result = run_scenario(*_COMPILED_TEST, plugins=(_INDUCTOR_ONLY,))
+    result.assert_outcomes(failed=1)
+    text = devices.CAPABILITY_TEXT["inductor_compile"]
+    result.stdout.fnmatch_lines([f"*capability regression: {text}*expected on cpu*the probe*"])
+    journal = pytester.path / "reports" / "journal.jsonl"
+    records = [e["record"] for e in map(json.loads, journal.read_text().splitlines())
+               if e["type"] == "record"]  # fmt: skip
+    assert [r["outcome"] for r in records] == ["capability-regression"]
+
+    devices.probe.cache_clear()
+    monkeypatch.setattr(config.cpp, "cxx", (None, str(pytester.path / "no-compiler")))
+    result = run_scenario(*_COMPILED_TEST, "-rs", plugins=(_INDUCTOR_ONLY,))
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines([f"*needs {text}: this machine lacks*no C++ compiler*"])

@@ -2,8 +2,9 @@
 architectures users train and hazards as they happen in practice, each judged against the truth
 tests/zoo_truth.py computes here (its own loop, independent of diagnose and of `--verify`).
 
-Every recipe of every model is one prediction: a "safe" on a recipe whose training diverges or
-is harmed is a MISS, a flag on a recipe that trains as fp32 is a FALSE ALARM; either fails.
+Every recipe of every model is one prediction: a "safe" on a recipe whose training diverges, is
+harmed or differs from fp32 (better than fp32 beyond its own spread: another run, not fp32's) is
+a MISS, a flag on a recipe that trains as fp32 is a FALSE ALARM; either fails.
 Transformers models run in the default suite; torchvision and timm (`tox -e zoo`) only where
 they import beside this torch.
 """
@@ -107,7 +108,7 @@ def assert_no(call: str, rows: list[Row]) -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def test_no_recipe_called_safe_diverges_or_is_harmed(judged):
+def test_no_recipe_called_safe_diverges_is_harmed_or_differs(judged):
     assert_no(zoo_truth.MISS, judged)
 
 
@@ -120,7 +121,7 @@ def test_each_hazard_breaks_the_recipe_it_is_a_hazard_of(judged):
     if name not in BREAKS:
         pytest.skip(f"{name} is no hazard of one recipe")
     row = next(row for row in judged if row.recipe == BREAKS[name])
-    assert row.truth.word in (zoo_truth.DIVERGES, zoo_truth.HARMED), str(row)
+    assert row.truth.word in (zoo_truth.DIVERGES, zoo_truth.HARMED, zoo_truth.DIFFERS), str(row)
 
 
 # --- negative controls: the comparison can fail ------------------------------------------------
@@ -152,6 +153,45 @@ def test_a_loss_that_stops_learning_is_harmed_not_fine():
     assert rows[0].call == zoo_truth.MISS
 
 
+def _gaps(held_out: float, end: float) -> tuple[zoo_truth.Trained, zoo_truth.Reference]:
+    """A run whose held-out loss and end of curve are `held_out` and `end` beside an fp32 of
+    1.0 and 1.0, whose spread is 0.1 held-out and 0.002 at the end (under the 1% floor)."""
+    fp32 = zoo_truth.Trained("fp32", losses=[2.0] * 10, held_out=1.0)
+    fp32.losses[-1] = 1.0  # the last tenth of 10 steps: the end is 1.0
+    run = zoo_truth.Trained("amp-fp16", losses=[2.0] * 9 + [end], held_out=held_out)
+    return run, zoo_truth.Reference(fp32, held_out_spread=0.1, end_spread=0.002)
+
+
+@pytest.mark.parametrize(
+    ("held_out", "end", "word"),
+    [
+        (1.0, 1.0, zoo_truth.FINE),
+        (1.09, 0.991, zoo_truth.FINE),  # worse, within the spread and the 1% floor
+        (0.91, 1.009, zoo_truth.FINE),  # better, within them: the margins are the same both ways
+        (1.11, 1.0, zoo_truth.HARMED),  # worse beyond the spread
+        (1.0, 1.02, zoo_truth.HARMED),  # worse beyond the 1% floor (the spread is under it)
+        (0.89, 1.0, zoo_truth.DIFFERS),  # better beyond the spread
+        (1.0, 0.98, zoo_truth.DIFFERS),  # better beyond the 1% floor
+        (1.11, 0.5, zoo_truth.HARMED),  # worse on one, better on the other: harm is said first
+    ],
+)
+def test_the_truth_looks_both_ways_with_the_same_margins(held_out, end, word):
+    run, ref = _gaps(held_out, end)
+    assert zoo_truth.judge(run, ref).word == word
+
+
+def test_a_safe_on_a_run_that_differs_from_fp32_is_a_miss():
+    """The "differs" side of the truth: a recipe ending better than fp32 beyond its spread is
+    another run, and "safe" ("as fp32") for it is a MISS, a flag on it is no false alarm."""
+    truth = zoo_truth.judge(*_gaps(0.6, 0.7))
+    assert truth.word == zoo_truth.DIFFERS and "better beyond the spread" in truth.why
+    row = Row("bert", "half", diagnose.SAFE, truth)
+    assert row.call == zoo_truth.MISS
+    with pytest.raises(AssertionError, match="bert half: diagnose said safe, truth differs"):
+        assert_no(zoo_truth.MISS, [row])
+    assert zoo_truth.call(diagnose.DRIFTS, zoo_truth.DIFFERS) == zoo_truth.CORRECT
+
+
 def test_the_calls():
     call = zoo_truth.call
     assert call(diagnose.SAFE, zoo_truth.FINE) == zoo_truth.CORRECT
@@ -159,6 +199,8 @@ def test_the_calls():
     assert call(diagnose.SAFE, zoo_truth.HARMED) == zoo_truth.MISS
     assert call(diagnose.UNSTABLE, zoo_truth.DIVERGES) == zoo_truth.CORRECT
     assert call(diagnose.DRIFTS, zoo_truth.HARMED) == zoo_truth.CORRECT
+    assert call(diagnose.SAFE, zoo_truth.DIFFERS) == zoo_truth.MISS
+    assert call(diagnose.OPTIMIZER_IN_FP16, zoo_truth.DIFFERS) == zoo_truth.CORRECT
     assert call(diagnose.KEEP_IN_FP32, zoo_truth.FINE) == zoo_truth.FALSE_ALARM
 
 

@@ -464,8 +464,18 @@ def test_a_session_prefix_must_name_one_session(tmp_path):
     assert baseline.find_session(sessions, "abc", tmp_path) == "abc123"
     with pytest.raises(HarnessError, match="'ab' is ambiguous: it starts abc123, abd456"):
         baseline.find_session(sessions, "ab", tmp_path)
-    with pytest.raises(HarnessError, match="no session 'x'; recorded: abc123 .abc123."):
+    with pytest.raises(HarnessError, match="no session 'x'; the latest: abd456 .abd456., abc123"):
         baseline.find_session(sessions, "x", tmp_path)
+
+
+def test_an_id_that_names_no_session_lists_the_latest_few_not_a_years_history(tmp_path):
+    sessions = {f"{n:012x}ffff": Session({"name": f"run {n}"}) for n in range(50_000)}
+    with pytest.raises(HarnessError) as error:
+        baseline.find_session(sessions, "nosuch", tmp_path)
+    message = str(error.value)
+    assert message.count("(run ") == baseline.LISTED_IN_ERRORS, message
+    assert f"{49_999:012x} (run 49999)" in message and "and 49995 older" in message
+    assert "`amp-harness sessions` lists them all" in message and len(message) < 500
 
 
 LONG_EVIDENCE = "scale 65536 -> 32768 after an injected inf at step 3; " * 6

@@ -3,7 +3,8 @@ remedies re-run, and (with --verify) the long runs that check the prediction.
 
 A factory returns a `Subject` (the model, endless batches, the loss); `diagnose()` returns a
 `Diagnosis`. The parts: `runs` (one recipe's run, observed), `rules` (the statuses and what
-sets them), `fixes` (each remedy), `verify` (the truth of a longer run), `examples`.
+sets them), `fixes` (each remedy), `kernels` (the convolution kernels' probe), `verify` (the
+truth of a longer run), `examples`.
 """
 
 from __future__ import annotations

@@ -148,6 +148,9 @@ class Run:
     drift_abs: float = 0.0  # the same gap in the loss's units
     speedup: float | None = None  # fp32's median step time over this recipe's (CUDA)
     params_finite: bool = True  # after the last step
+    # Convolutions whose backward in the recipe's dtype returned inf/NaN from finite inputs
+    # where fp32's is finite (harness.lab.diagnose.kernels): "module (its shape): k of n passes".
+    kernel_faults: list[str] = field(default_factory=list)
     held_out_loss: float | None = None  # --verify: in eval mode, on batches never trained on
     # The loss recomputed in fp32 on the final weights (held-out batches with --verify, else the
     # last batch trained on), when a logged loss was non-finite: did the training or the value go?
@@ -547,6 +550,17 @@ def _stability(run: Run, recipe: recipes.Recipe, found: dict) -> None:
         reasons.extend(_scaler_failures(run))
     if not run.params_finite:
         reasons.append("parameters inf/NaN after the last step")
+    if run.kernel_faults:
+        dtype = str(recipe.autocast_dtype or recipe.param_dtype).removeprefix("torch.")
+        modules = [fault.split(" (", 1)[0] for fault in run.kernel_faults]
+        run.keep_fp32.extend(modules)
+        reasons.append(
+            f"this device's {dtype} convolution kernel returned an inf/NaN gradient from finite "
+            f"inputs whose fp32 gradient is finite, run again at the shape the model gave it: "
+            f"{'; '.join(run.kernel_faults)}. A fault of the kernel (torch {torch.__version__}), "
+            f"not of {dtype}'s range: its parameters go inf/NaN once it strikes, which "
+            f"{len(run.loss)} steps may not show (keep {', '.join(modules)} in fp32)"
+        )
     if reasons:
         found.setdefault(UNSTABLE, []).extend(reasons)
 

@@ -27,6 +27,7 @@ from torch import nn
 
 from harness.common.errors import HarnessError
 from harness.lab import devices, probes, recipes
+from harness.lab.diagnose import kernels
 from harness.lab.diagnose.fixes import Fix, Fixed
 from harness.lab.diagnose.rules import NormState, OpRange, Run
 from harness.lab.train import History, train
@@ -83,8 +84,12 @@ class _Watch:
     """A train(on_step=...) callback: after each step, folds what the probes saw in that step
     into the run; keeps the first step's gradient (the same weights and batch in every run)."""
 
-    def __init__(self, run: Run, log: probes.OpRanges | None, optimizer: str, limit: _Limit):
+    def __init__(
+        self, run: Run, log: probes.OpRanges | None, optimizer: str, limit: _Limit,
+        hooks: list = (),
+    ):  # fmt: skip
         self.run, self.log, self.optimizer, self.limit = run, log, optimizer, limit
+        self.hooks = list(hooks)  # kernels.record_inputs's: the first step's inputs are enough
         self.step = 0
         self.first_gradient: torch.Tensor | None = None
         self.norms: dict[str, nn.Module] | None = None
@@ -92,6 +97,8 @@ class _Watch:
     def __call__(self, model: nn.Module, _report) -> None:
         self.step += 1
         self.limit.rearm()
+        while self.hooks:
+            self.hooks.pop().remove()
         if self.log is None:
             return
         self._ops(self.log.read())
@@ -215,9 +222,11 @@ def run_recipe(
     precision = Fixed(recipe, setting.device, fix.modules) if fix else recipe.bind(setting.device)
     limit = _Limit(setting.step_limit_s)
     history = History()
+    dtype = _reduced_dtype(recipe)
+    conv_inputs, hooks = kernels.record_inputs(model) if watch and dtype else ({}, [])
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(probes.op_ranges(model)) if watch else None
-        watcher = _Watch(run, log, setting.optimizer, limit)
+        watcher = _Watch(run, log, setting.optimizer, limit, hooks)
         try:
             with precision, limit.active():
                 history = train(
@@ -231,6 +240,12 @@ def run_recipe(
             raise
         except (Exception, SystemExit) as exc:  # an op this dtype lacks, ...: a finding
             run.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    for hook in hooks:  # an error in the first step leaves them
+        hook.remove()
+    if conv_inputs and not run.error:
+        skip = fix.modules if fix else ()
+        with limit.active():
+            run.kernel_faults = kernels.probe(initial, conv_inputs, dtype, skip)
     run.loss, run.scale, run.skips = history.loss, history.scale, history.skipped
     run.params_finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
     if run.params_finite and run.first_nonfinite_loss() and not run.error:
@@ -333,6 +348,13 @@ def _fp32_loss(model: nn.Module, setting: Setting, batches: list, loss) -> float
         return evaluate(model.float(), fp32, batches, loss)
     except RuntimeError:  # a dtype mismatch: the weights' fp32 loss stays unknown
         return None
+
+
+def _reduced_dtype(recipe: recipes.Recipe) -> torch.dtype | None:
+    """The 16-bit dtype the recipe computes in (its autocast's, or its parameters'), if any."""
+    if recipe.autocast_dtype is not None:
+        return recipe.autocast_dtype
+    return recipe.param_dtype if recipe.param_dtype != torch.float32 else None
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float | None:
