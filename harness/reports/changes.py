@@ -172,7 +172,10 @@ def _row(claim: str, difference: differences.Difference, group: list[dict]) -> s
     evidence = [f"torch {_fact(s, 'torch')}: {_evidence(s, claim)}" for s in (group[0], group[-1])]
     cells = [
         claim,
-        ", ".join(sorted(changed, key=lambda step: version_key(step.split(" → ")[1]))),
+        # By the release after, then before: a set's order would change with the hash seed.
+        ", ".join(
+            sorted(changed, key=lambda step: [version_key(v) for v in step.split(" → ")[::-1]])
+        ),
         "; ".join(before),
         "; ".join(after),
         " / ".join(evidence + difference.known),
