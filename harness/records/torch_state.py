@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.lab import tf32
+from harness.lab import compiled, tf32
 
 # The precision switches under torch.backends, general before specific: the fp32_precision
 # settings (torch >= 2.9; mkldnn's decide CPU matmuls and convolutions in bf16 or tf32), the
@@ -49,8 +49,6 @@ _REDUCED_PRECISION = (
 )
 # Which kernels run, and so which rounding: cuDNN's and oneDNN's on or off, cuDNN's choice.
 _KERNEL_CHOICE = ("cudnn.enabled", "cudnn.deterministic", "cudnn.benchmark", "mkldnn.enabled")
-# A value just below float32's smallest normal: 0 once denormals are flushed on this thread.
-_SUBNORMAL = 2.0**-130
 
 
 @dataclass(frozen=True)
@@ -98,12 +96,6 @@ def _present(path: str) -> bool:
     except (AttributeError, RuntimeError):
         return False
     return True
-
-
-def _flushes_denormals() -> bool:
-    """Whether this thread flushes denormals to zero (torch.set_flush_denormal has no getter)."""
-    tiny = torch.full((1,), _SUBNORMAL, dtype=torch.float32, device="cpu")
-    return torch.mul(tiny, 1.0).item() == 0.0
 
 
 def _autocast_nesting() -> int:
@@ -155,7 +147,7 @@ def switches() -> tuple[Switch, ...]:
     return (
         Switch("torch.default_dtype", torch.get_default_dtype, torch.set_default_dtype),
         Switch("torch.default_device", torch.get_default_device, _set_default_device),
-        Switch("torch.flush_denormal", _flushes_denormals, torch.set_flush_denormal),
+        Switch("torch.flush_denormal", compiled.flushes_denormals, torch.set_flush_denormal),
         Switch("torch.grad_enabled", torch.is_grad_enabled, torch.set_grad_enabled),
         *[switch for device in devices for switch in _autocast(device)],
         Switch("torch.autocast.nesting", _autocast_nesting, _set_autocast_nesting),
