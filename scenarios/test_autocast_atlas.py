@@ -4,13 +4,13 @@ Claims: AUTOCAST-LOWER-LIST, AUTOCAST-FP32-LIST, AUTOCAST-PROMOTE-LIST, AUTOCAST
 AUTOCAST-GRAD-DTYPE (harness/catalogue/claims_autocast.toml).
 
 The docs of each release list the ops autocast runs in the lower-precision dtype, in float32, or
-in the widest input type (harness/lab/autocast_lists.toml, cited per release). Every op those
+in the widest input type (harness/lab/autocast/lists.toml, cited per release). Every op those
 lists name for either device, and common ops on no list (elementwise, reductions, attention, norms,
 losses), is called on the session's device under autocast to each dtype the device has
-(harness.lab.autocast_atlas): from float32 inputs, from inputs in the autocast dtype, and, for the
+(harness.lab.autocast.atlas): from float32 inputs, from inputs in the autocast dtype, and, for the
 promote list, from both at once. Each op is held against the list the running release documents
 for this device, and each mismatch is named (op, documented, measured). Every op's behaviour is
-kept as a metric (`op/<name>`: autocast_docs.CODES), which the report's atlas table and
+kept as a metric (`op/<name>`: harness.lab.autocast.docs.CODES), which the report's atlas table and
 `amp-harness baseline changes` read back across devices and releases.
 """
 
@@ -19,7 +19,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.lab import autocast_atlas, autocast_docs, devices
+from harness.lab import devices
+from harness.lab.autocast import atlas as autocast_atlas
+from harness.lab.autocast import docs as autocast_docs
 
 CLAIMS = {
     "lower": "AUTOCAST-LOWER-LIST",

@@ -52,7 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.lab import compiled, releases
+from harness.lab import releases
+from harness.lab.autocast import compiled
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 BACKENDS = compiled.BACKENDS  # ("aot_eager", "inductor")
@@ -326,40 +327,18 @@ def _with_setting(
 
 # --- what the project predicts, per backend and release ---------------------------------------
 
-# What differs between releases is predicted per release here, each with what measured it; the
-# changes belong in harness.lab.releases (a Change each: since, before_seen), not this change's
-# file to edit. Measured on the CPU:
-# - 2.5.1's inductor raises compiling the backward of scaled_dot_product_attention in bfloat16
-#   or float16 at static shapes (`assert vars1 == vars2` fusing two C++ loops, the failure of
-#   pytorch/pytorch#138550, fixed by #138568 for 2.6); with dynamic=True, and on 2.4.1, 2.6.0
-#   and later, it compiles. since=(2, 6), before_seen=("2.5.1",).
-_INDUCTOR_SDPA_BACKWARD_FAILS = ((2, 5),)
-# - A batched matmul of a bfloat16 tensor and a float32 one raises in eager and under aot_eager
-#   on every release; inductor computes it in float32 on 2.4.1, 2.5.1, 2.6.0, 2.9.1 and 2.11.0
-#   and raises at compile time on 2.12.1, 2.13.0 and 2.14.1 (bmm's meta function checks the
-#   dtypes: pytorch/pytorch#171190, fixed by #173459). Meta functions are the same on every
-#   device: predicted alike on CUDA. since=(2, 12), before_seen=("2.4.1", ..., "2.11.0").
-_INDUCTOR_CHECKS_MIXED_BMM_SINCE = (2, 12)
-# - Loading an inductor CPU kernel turns flush-to-zero on for the process on 2.4.1 and 2.5.1
-#   (-ffast-math's start-up code: pytorch/pytorch#126848, fixed by #133842 for 2.6); 2.6.0 and
-#   later leave it off. since=(2, 6), before_seen=("2.4.1", "2.5.1").
-_INDUCTOR_FLUSHES_DENORMALS = ((2, 4), (2, 5))
-# - Dynamo guards no ambient autocast state on 2.4.1, 2.5.1 and 2.6.0: a function compiled under
-#   bfloat16 autocast and called under float16 runs its bfloat16 graph, on both backends
-#   (pytorch/pytorch#112260); 2.9.1 and later recompile. The guard is #143592, merged on
-#   2024-12-19 and not in 2.6.0: 2.7 is taken as the first release with it, 2.7 and 2.8 not
-#   measured (no wheel of them on this machine). since=(2, 7), before_seen=("2.4.1", "2.5.1",
-#   "2.6.0").
-_DYNAMO_GUARDS_AUTOCAST_SINCE = (2, 7)
-# - Inductor's AOTAutograd cache (on by default on 2.9.1 on; off on 2.6.0) keys a graph by whether
-#   autocast is on, not by its dtype, where the graph holds an autocast region of its own (the
-#   block's enabled=False one): the graph compiled first under bfloat16 is served to a later
-#   compile under float16 (or the other way round: whichever reached the cache first), on 2.9.1
-#   and 2.11.0, in a process or across processes sharing the cache; 2.12.1 and later key the
-#   dtype (pytorch/pytorch#181564). Which dtype reached the cache first depends on what ran
-#   before, so where this is predicted either graph is. since=(2, 12),
-#   before_seen=("2.9.1", "2.11.0").
-_AOT_CACHE_MIXES_DTYPES = ((2, 9), (2, 12))  # from, up to (excluded)
+# What differs between releases is predicted per release: each change in harness.lab.releases
+# (since, before_seen, how it was measured), asked which side the running torch is on.
+SDPA_BACKWARD = "inductor-compiles-sdpa-backward"
+KEEPS_DENORMALS = "inductor-keeps-denormals"
+GUARDS_AUTOCAST = "dynamo-guards-autocast-dtype"
+CACHE_KEYS_DTYPE = "aot-cache-keys-autocast-dtype"
+CHECKS_MIXED_BMM = "inductor-checks-mixed-bmm"
+
+
+def _before(change: str, device: str) -> bool:
+    """Whether the running torch is predicted to behave as before `change` on `device`."""
+    return releases.behaviour(change, device) == releases.BEFORE
 
 
 def _predicted_error(amp_device, backend: str, dynamic: bool = False) -> bool:
@@ -368,7 +347,7 @@ def _predicted_error(amp_device, backend: str, dynamic: bool = False) -> bool:
         backend == "inductor"
         and amp_device.type == "cpu"
         and not dynamic
-        and releases.release() in _INDUCTOR_SDPA_BACKWARD_FAILS
+        and _before(SDPA_BACKWARD, amp_device.type)
     )
 
 
@@ -386,20 +365,15 @@ def _raise_as_predicted(amp_device, backend: str, error: str, dynamic=False) -> 
 
 
 def _may_serve_other(backend: str) -> bool:
-    """Whether the arm may be served the other low dtype's graph here (_AOT_CACHE_MIXES_DTYPES:
-    the cache is AOTAutograd's, the same on every device)."""
-    first, fixed = _AOT_CACHE_MIXES_DTYPES
-    return backend == "inductor" and first <= releases.release() < fixed
+    """Whether the arm may be served the other low dtype's graph here (CACHE_KEYS_DTYPE: the
+    cache is AOTAutograd's, the same on every device)."""
+    return backend == "inductor" and _before(CACHE_KEYS_DTYPE, releases.ANY_DEVICE)
 
 
 def _predicted_flush(amp_device, backend: str) -> bool:
     """Whether running the block compiled with `backend` is predicted to turn flush-to-zero
     on for the process here."""
-    return (
-        backend == "inductor"
-        and amp_device.type == "cpu"
-        and releases.release() in _INDUCTOR_FLUSHES_DENORMALS
-    )
+    return backend == "inductor" and _before(KEEPS_DENORMALS, amp_device.type)
 
 
 def _unpredicted(
@@ -580,7 +554,7 @@ def _mixed_outcome(amp_device, low, backend: str | None) -> str:
 
 def _mixed_predicted(backend: str | None) -> str:
     """Eager and aot_eager raise on the mixed dtypes; inductor before 2.12 computes float32."""
-    if backend == "inductor" and releases.release() < _INDUCTOR_CHECKS_MIXED_BMM_SINCE:
+    if backend == "inductor" and _before(CHECKS_MIXED_BMM, releases.ANY_DEVICE):
         return "float32"
     return "raises"
 
@@ -744,11 +718,11 @@ def test_dtype_switch_recompiles(record, amp_device):
 
 def _switch_unpredicted(amp_device, backend, new: list[int], runs: list[Run], mismatches):
     """How the switch differs from the prediction: a recompile and float16's behaviour from
-    2.7 on (_DYNAMO_GUARDS_AUTOCAST_SINCE); before, bfloat16's graph reused (no new graph,
+    2.7 on (GUARDS_AUTOCAST); before, bfloat16's graph reused (no new graph,
     bfloat16 outputs); the raise predicted on 2.5.1's inductor."""
     if runs[1].error or _predicted_error(amp_device, backend):
         return _raise_as_predicted(amp_device, backend, runs[1].error)
-    if releases.release() >= _DYNAMO_GUARDS_AUTOCAST_SINCE:
+    if not _before(GUARDS_AUTOCAST, releases.ANY_DEVICE):
         if new[1] >= 1:
             return _unpredicted(amp_device, backend, mismatches)
         return (
@@ -1113,7 +1087,9 @@ def test_compiled_training_follows_eager(record, amp_device):
     for backend, curve in curves.items():
         record.history(prefix=f"{backend}/", loss=curve)
         ratio = max(g / s for g, s in zip(gaps[backend], spread, strict=True)) if decidable else -1
-        record.key_metric(**{f"gap_over_spread/{backend}": ratio})
+        record.metric(**{f"gap_over_spread/{backend}": ratio})
+        # Which way it went, for the ledger: a count of steps, not a distance.
+        record.key_metric(**{f"steps_outside_spread/{backend}": len(outside[backend])})
     failed = {b: bool(outside.get(b, True)) for b in backends}
     verdict = _verdict(failed) if decidable or errors else "inconclusive"
     record.verdict(

@@ -301,7 +301,7 @@ def test_scaled_mm_multiplies_the_dequantised_inputs(amp_device, record):
     # Negative control: the quantising scales (1 / dequantising), the wrong convention: torch
     # raises nothing and answers wrongly.
     wrong = _gap(_scaled_mm(qa, qb, 1 / sa, 1 / sb, out_dtype=F32), reference)
-    record.key_metric(max_gap_over_bound=gap / bound, inverse_scales_gap=wrong)
+    record.metric(max_gap_over_bound=gap / bound, inverse_scales_gap=wrong)
     record.param(shape=f"{M}x{K} @ {K}x{N}", default_out_dtype=str(default))
     holds = gap <= bound and default in (E4M3, E5M2)
     where = CPU_ONLY_CONTRACT if device.type == "cpu" else f"measured on {amp_device.describe()}"
@@ -334,7 +334,7 @@ def test_rowwise_scales_dequantise_each_row_and_column(amp_device, record):
     bound = 2.0**-8 + K * torch.finfo(F32).eps  # the bfloat16 result's rounding
     # Negative control: the rows' scales swapped end for end: the wrong scale per row.
     swapped = _gap(_scaled_mm(qa, qb, sa.flip(0), sb, out_dtype=torch.bfloat16), reference)
-    record.key_metric(rowwise_max_gap=gap, rowwise_swapped_gap=swapped)
+    record.metric(rowwise_max_gap=gap, rowwise_swapped_gap=swapped)
     where = CPU_ONLY_CONTRACT if device.type == "cpu" else f"measured on {amp_device.describe()}"
     record.verdict(
         "FP8-SCALED-MM",
@@ -389,7 +389,7 @@ def test_e5m2_keeps_more_of_the_gradients_than_e4m3(amp_device, record):
     found = {(d, shared): through(grads, d, shared) for d in (E4M3, E5M2) for shared in (0, 1)}
     for (d, shared), (flushed, error) in found.items():
         setting = "shared_scale" if shared else "per_tensor"
-        record.key_metric(**{f"{short(d)}/{setting}/flushed": flushed})
+        record.metric(**{f"{short(d)}/{setting}/flushed": flushed})
         record.metric(**{f"{short(d)}/{setting}/median_rel_l2_error": error})
 
     def helps(shared: int) -> bool:  # the whole tensor's error: what flushing and rounding cost
@@ -656,8 +656,11 @@ def spike_errors(device) -> tuple[float, float, int]:
 def test_delayed_scaling_saturates_a_spike(amp_device, record):
     delayed, current, held = spike_errors(amp_device.torch_device)
     delayed = math.inf if math.isnan(delayed) else delayed  # a NaN-on-overflow cast
-    record.key_metric(spike_delayed_rel_error=min(delayed, 1e30), spike_current_rel_error=current)
+    record.metric(spike_delayed_rel_error=min(delayed, 1e30), spike_current_rel_error=current)
     record.metric(steps_scaled_by_the_spike=held)
+    # Which way it went, for the ledger: whether the spike came back as a number at all (a
+    # NaN-on-overflow cast gives none: harness.lab.releases 'e4m3-cpu-cast-saturates').
+    record.key_metric(spike_lost_to_nan=int(math.isinf(delayed)))
     record.param(history_len=16, margin=0, spike=SPIKE, spike_at=SPIKE_AT)
     verdict = "confirmed" if delayed > 0.5 else "refuted"
     record.verdict(
@@ -750,7 +753,7 @@ def test_fast_accumulation_loses_precision_with_k(amp_device, record):
     errors = accumulation_errors(amp_device.torch_device)
     for fast, values in errors.items():
         record.history(**{f"{'fast' if fast else 'default'}/max_rel_error_by_k": values})
-    record.key_metric(fast_error_at_largest_k=errors[True][-1],
+    record.metric(fast_error_at_largest_k=errors[True][-1],
                       default_error_at_largest_k=errors[False][-1])  # fmt: skip
     bound = FAST_ACCUM_K[-1] * torch.finfo(F32).eps
     grows = errors[True][-1] > 4 * errors[True][0] and errors[True][-1] > 10 * bound
@@ -819,7 +822,7 @@ def test_fp8_training_matches_bf16_within_run_to_run_variation(amp_device, recor
     record.param(control_loss_multiplier=SMALL_GRADIENTS)
     record.history(bf16_val_loss=bf16, fp8_val_loss=fp8, bf16_small_grad_val_loss=small,
                    fp8_unscaled_small_grad_val_loss=unscaled)  # fmt: skip
-    record.key_metric(fp8_minus_bf16=gap.mean, unscaled_minus_bf16=control.mean,
+    record.metric(fp8_minus_bf16=gap.mean, unscaled_minus_bf16=control.mean,
                       bf16_seed_spread=spread)  # fmt: skip
     worse = gap.mean > 0
     if gap.beyond(spread) and worse:

@@ -12,7 +12,7 @@ Imports only harness.common. A scenario author's import surface is this package:
 - instruments: `probes`, `measure` (timing and memory), `stats`, `memory_model`, `speedups`,
   `smoke`, `figures` (curves a scenario attaches to its record), `distributed` (gloo ranks);
 - `diagnose/`: the pitfalls measured on a user's own model (a package: runs, rules, fixes, verify);
-- `autocast_docs`, `autocast_ops`, `autocast_atlas`: PyTorch's documented autocast lists, and
-  every op on them measured; `compiled`: torch.compile's helpers for the compiled claims (a
-  fresh compile, its count, the upstream settings that restore eager's behaviour).
+- `autocast/`: PyTorch's documented autocast lists (`docs`), every op on them measured
+  (`ops`, `atlas`), and torch.compile's helpers for the compiled claims (`compiled`: a fresh
+  compile, its count, the upstream settings that restore eager's behaviour).
 """

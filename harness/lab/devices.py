@@ -11,9 +11,9 @@ Each capability a scenario needs (`@pytest.mark.requires(...)`) is, on the sessi
   saw otherwise, or raised. The test fails at setup, naming the capability, what the probe saw
   and the claims it checks: a broken feature must never pass for a missing one.
 
-Most probes run when the device is probed, at the start of a session; one that takes seconds
-(inductor_compile's torch.compile) is in DEFERRED_PROBES and runs the first time a test asks
-for its capability.
+Most probes run when the device is probed, at the start of a session; those that take seconds
+(inductor_compile's torch.compile, fused_optimizers' import of dynamo) are in DEFERRED_PROBES
+and run the first time a test asks for their capability.
 
 A team declares capabilities of its own beside its scenarios (`scenarios/capabilities.py`, the
 list CAPABILITIES of `Capability(name, text, probe, expected)`); the plugin loads them with
@@ -273,7 +273,7 @@ def _probe_inductor_compile(device: str) -> Probe:
     is built with is looked up first: a machine without it lacks the capability (absent); with
     it, a compile that raises or computes otherwise is a broken one. Warnings torch gives while
     importing and compiling are counted, not fatal: they are not what is probed."""
-    from harness.lab import compiled  # no torch._dynamo import until a test needs this
+    from harness.lab.autocast import compiled  # no torch._dynamo import until a test needs this
 
     def tiny(x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x) * 2 + 1
@@ -312,7 +312,6 @@ PROBES = {
     "fp8_matmul": _probe_fp8_matmul,
     "fp8_scaled_mm": _probe_fp8_scaled_mm,
     "fp8_rowwise_scaled_mm": lambda device: _probe_fp8_scaled_mm(device, rowwise=True),
-    "fused_optimizers": _probe_fused_optimizers,
     "gloo": _probe_gloo,
     "fsdp2": _probe_fsdp2,
     "bf16_rnn": lambda device: _probe_rnn(device, torch.bfloat16),
@@ -321,11 +320,13 @@ PROBES = {
     "fp16_matmul_kernel": lambda device: _probe_matmul_kernel(device, torch.float16),
 }
 
-# Probes that take seconds (a torch.compile: importing dynamo and inductor alone takes about 3 s
-# on 2 cores, a first C++ build 10 s more) run the first time a test needs their capability,
-# not at the start of every session and isolated worker, most of which never compile.
+# Probes that take seconds run the first time a test needs their capability, not at the start of
+# every session and isolated worker, most of which never ask: a torch.compile (importing dynamo
+# and inductor alone takes about 3 s on 2 cores, a first C++ build 10 s more), and building an
+# optimizer (torch.optim's constructors import dynamo: 1.7 s, a third of a session's start-up).
 DEFERRED_PROBES = {
     "inductor_compile": _probe_inductor_compile,
+    "fused_optimizers": _probe_fused_optimizers,
 }
 
 CAPABILITY_TEXT = {

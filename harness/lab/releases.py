@@ -15,12 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CURRENT, BEFORE = "current", "before"
+ANY_DEVICE = "any"  # a change of code every device runs (Dynamo, AOTAutograd, a meta function)
 
 
 @dataclass(frozen=True)
 class Change:
-    claim: str
-    device: str  # the device type it applies to ("cpu", "cuda")
+    claims: tuple[str, ...]  # the claims whose prediction follows it, the first the one it names
+    device: str  # the device type it applies to ("cpu", "cuda") or ANY_DEVICE
     since: tuple[int, int]  # the first release (major, minor) with today's behaviour
     before_seen: tuple[str, ...]  # releases measured with the old behaviour, oldest first
     before: str  # what releases before `since` do
@@ -32,10 +33,17 @@ class Change:
         """The first release with today's behaviour, as written: "2.6"."""
         return ".".join(map(str, self.since))
 
+    def applies_to(self, device: str) -> bool:
+        return self.device in (ANY_DEVICE, device)
+
+    @property
+    def where(self) -> str:
+        return "every device" if self.device == ANY_DEVICE else self.device
+
 
 CHANGES: dict[str, Change] = {
     "half-batchnorm-cpu-variance": Change(
-        claim="PIT2-NORM-HALF",
+        claims=("PIT2-NORM-HALF",),
         device="cpu",
         since=(2, 6),
         before_seen=("2.4.1", "2.5.1"),
@@ -59,7 +67,7 @@ CHANGES: dict[str, Change] = {
         ),
     ),
     "rms-norm-mixed-dtype-output": Change(
-        claim="AMP-NORM-FP32",
+        claims=("AMP-NORM-FP32",),
         device="cpu",
         since=(2, 7),
         before_seen=("2.4.1", "2.5.1", "2.6.0"),
@@ -80,7 +88,11 @@ CHANGES: dict[str, Change] = {
         ),
     ),
     "e4m3-cpu-cast-saturates": Change(
-        claim="FP8-E4M3-OVERFLOW-SATURATES",
+        claims=(
+            "FP8-E4M3-OVERFLOW-SATURATES",
+            "FP8-E4M3-INF-IS-NAN",
+            "FP8-DELAYED-SCALING-SPIKE",
+        ),  # fmt: skip
         device="cpu",
         since=(2, 13),
         before_seen=("2.4.1", "2.5.1", "2.6.0", "2.9.1", "2.11.0", "2.12.1"),
@@ -95,6 +107,100 @@ CHANGES: dict[str, Change] = {
             "2.11.0 and 2.12.1; +-448 on 2.13.0 and 2.14.1 (464, the tie below the NaN slot, "
             "gives 448 on all). The change is pytorch/pytorch#178817 ('Properly saturate E4M3 "
             "on finite-overflow on CPU/C++ conversion code', merged 2026-04-17, first in 2.13)"
+        ),
+    ),
+    # Compiled AMP (scenarios/test_compiled_amp.py), each measured on the CPU with the claim's
+    # scenario on PyPI's releases 2.4.1, 2.5.1, 2.6.0, 2.9.1, 2.11.0, 2.12.1, 2.13.0 and 2.14.1.
+    "inductor-compiles-sdpa-backward": Change(
+        claims=(
+            "CMP-BLOCK-DTYPES",
+            "CMP-DISABLED-REGION",
+            "CMP-DTYPE-SWITCH",
+            "CMP-WEIGHT-CACHE",
+            "CMP-SCALER-SKIP",
+            "CMP-LOSS-CURVE",
+        ),  # fmt: skip
+        device="cpu",
+        since=(2, 6),
+        before_seen=("2.5.1",),
+        before=(
+            "inductor raises compiling the backward of scaled_dot_product_attention in bfloat16 "
+            "or float16 at static shapes (an AssertionError fusing two C++ loops)"
+        ),
+        current="inductor compiles it, at static and dynamic shapes",
+        how=(
+            "2.5.1 raises `assert vars1 == vars2` (the failure of pytorch/pytorch#138550, fixed "
+            "by #138568 for 2.6); with dynamic=True, and on 2.4.1, 2.6.0 and later, it compiles"
+        ),
+    ),
+    "inductor-keeps-denormals": Change(
+        claims=("CMP-BLOCK-DTYPES",),
+        device="cpu",
+        since=(2, 6),
+        before_seen=("2.4.1", "2.5.1"),
+        before=(
+            "loading an inductor CPU kernel turns flush-to-zero on for the whole process "
+            "(-ffast-math's start-up code), so float32 subnormals become 0 from then on"
+        ),
+        current="loading an inductor CPU kernel leaves the process's flush-to-zero mode as it was",
+        how=(
+            "2.4.1 and 2.5.1 flush after the first compiled call, 2.6.0 and later do not "
+            "(pytorch/pytorch#126848, fixed by #133842 for 2.6)"
+        ),
+    ),
+    "dynamo-guards-autocast-dtype": Change(
+        claims=("CMP-DTYPE-SWITCH",),
+        device=ANY_DEVICE,
+        since=(2, 7),
+        before_seen=("2.4.1", "2.5.1", "2.6.0"),
+        before=(
+            "Dynamo guards no ambient autocast state: a function compiled under bfloat16 "
+            "autocast and called under float16 runs its bfloat16 graph, on every backend"
+        ),
+        current="the call under another autocast dtype recompiles and computes in that dtype",
+        how=(
+            "2.4.1, 2.5.1 and 2.6.0 reuse the graph (pytorch/pytorch#112260); 2.9.1 and later "
+            "recompile. The guard is #143592, merged 2024-12-19 and not in 2.6.0: 2.7 is taken "
+            "as the first release with it, 2.7 and 2.8 not measured"
+        ),
+    ),
+    "aot-cache-keys-autocast-dtype": Change(
+        claims=(
+            "CMP-BLOCK-DTYPES",
+            "CMP-DISABLED-REGION",
+            "CMP-DTYPE-SWITCH",
+            "CMP-SCALER-SKIP",
+            "CMP-DYNAMIC-SHAPES",
+        ),  # fmt: skip
+        device=ANY_DEVICE,
+        since=(2, 12),
+        before_seen=("2.9.1", "2.11.0"),
+        before=(
+            "inductor's AOTAutograd cache keys a graph holding an autocast region of its own by "
+            "whether autocast is on, not by its dtype: the graph compiled first under bfloat16 "
+            "is served to a later compile under float16, or the other way round"
+        ),
+        current="the cache keys the autocast dtype: each dtype gets its own graph",
+        how=(
+            "2.9.1 and 2.11.0 serve the other dtype's graph, in a process or across processes "
+            "sharing the cache; 2.12.1 and later do not (pytorch/pytorch#181564). 2.6.0 has "
+            "the cache off by default, so it is outside the range measured"
+        ),
+    ),
+    "inductor-checks-mixed-bmm": Change(
+        claims=("CMP-DISABLED-REGION",),
+        device=ANY_DEVICE,
+        since=(2, 12),
+        before_seen=("2.4.1", "2.5.1", "2.6.0", "2.9.1", "2.11.0"),
+        before=(
+            "a batched matmul of a bfloat16 tensor and a float32 one, which eager and aot_eager "
+            "refuse, computes in float32 under inductor"
+        ),
+        current="inductor refuses it at compile time, as eager does",
+        how=(
+            "inductor computes float32 on 2.4.1, 2.5.1, 2.6.0, 2.9.1 and 2.11.0 and raises on "
+            "2.12.1, 2.13.0 and 2.14.1: bmm's meta function checks the dtypes "
+            "(pytorch/pytorch#171190, fixed by #173459); meta functions are alike on every device"
         ),
     ),
 }
@@ -129,7 +235,7 @@ def behaviour(name: str, device: str, version: str | None = None) -> str:
     every release measured (outside the known range, today's prediction holds)."""
     change = CHANGES[name]
     seen = release(version)
-    if device != change.device or seen >= change.since or seen < oldest_seen(change):
+    if not change.applies_to(device) or seen >= change.since or seen < oldest_seen(change):
         return CURRENT
     return BEFORE
 
@@ -144,7 +250,7 @@ def describe(name: str, device: str, version: str | None = None) -> str:
         return f"predicted for torch {version} (before {since}, measured on " + (
             f"{', '.join(change.before_seen)}): {change.before}"
         )
-    if device != change.device:
+    if not change.applies_to(device):
         return f"predicted: {change.current}"
     if release(version) < oldest_seen(change):
         return (

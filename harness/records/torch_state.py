@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.lab import compiled, tf32
+from harness.lab import tf32
+from harness.lab.autocast import compiled
 
 # The precision switches under torch.backends, general before specific: the fp32_precision
 # settings (torch >= 2.9; mkldnn's decide CPU matmuls and convolutions in bf16 or tf32), the

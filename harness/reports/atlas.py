@@ -1,8 +1,8 @@
 """The autocast atlas read back: op x (environment, dtype), from the records of
-scenarios/test_autocast_atlas.py (its `op/<name>` metrics, autocast_docs.CODES, and its params
-`autocast_dtype` and `mismatched_ops`; its `holds/<op>` key metrics are for `compare`), each cell
-marked where the measurement and the documented list of that environment's torch release
-disagree.
+scenarios/test_autocast_atlas.py (its `op/<name>` metrics, harness.lab.autocast.docs.CODES, and
+its params `autocast_dtype` and `mismatched_ops`; its `holds/<op>` key metrics are for
+`compare`), each cell marked where the measurement and the documented list of that
+environment's torch release disagree.
 
 The report builds a column from each environment's latest atlas run (MLflow); `amp-harness
 baseline changes` lists, per hardware and dtype, the ops whose measured behaviour or documented
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.common import shown
-from harness.lab import autocast_docs
+from harness.lab.autocast import docs as autocast_docs
 
 ATLAS_MODULE = "test_autocast_atlas.py::"
 PREFIX = "op/"

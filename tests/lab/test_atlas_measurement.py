@@ -1,4 +1,4 @@
-"""harness.lab.autocast_atlas and its data: the documented lists per release, how each op is
+"""harness.lab.autocast.atlas and its data: the documented lists per release, how each op is
 called, and an op whose autocast rule is broken named as a mismatch."""
 
 from __future__ import annotations
@@ -8,7 +8,10 @@ import re
 import torch
 from autocast_breaks import mm_without_autocast
 
-from harness.lab import autocast_atlas, autocast_docs, autocast_ops, devices
+from harness.lab import devices
+from harness.lab.autocast import atlas as autocast_atlas
+from harness.lab.autocast import docs as autocast_docs
+from harness.lab.autocast import ops as autocast_ops
 
 CPU = torch.device("cpu")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sessions import CPU, log_session, make_record
 
-from harness.lab import autocast_docs
+from harness.lab.autocast import docs as autocast_docs
 from harness.records.tracking import MlflowSink, default_uri
 from harness.reports import atlas, changes, report
 

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from harness.lab import autocast_docs, recipes
+from harness.lab import recipes
+from harness.lab.autocast import docs as autocast_docs
 from harness.lab.diagnose.fixes import FP16_SAFE_EPS
 
 REFERENCE = "fp32"

@@ -1,4 +1,4 @@
-"""How the atlas calls each op: every op the autocast docs list (autocast_lists.toml, by the name
+"""How the atlas calls each op: every op the autocast docs list (lists.toml, by the name
 the docs use), and common ops on no list, each with small inputs a `Maker` makes.
 
 A call takes the Maker and returns the op's result. The Maker decides the dtypes: every

@@ -1,13 +1,14 @@
 """The autocast atlas: every documented autocast rule measured on a device and dtype.
 
-Each op of autocast_ops.CALLS is called inside `torch.autocast(device, dtype)`:
+Each op of harness.lab.autocast.ops.CALLS is called inside `torch.autocast(device, dtype)`:
 - with float32 inputs: an op that computes in the autocast dtype returns it ("lower");
 - with inputs in the autocast dtype: an op that computes in float32 returns float32 ("float32");
 - for the ops the docs put on the promote list, with inputs of both dtypes: float32 ("promote");
 - otherwise the op runs in its input's dtype ("input").
 The dtype an op computed in is its first floating-point (or complex) output's; an op whose outputs
 are all integers (`matrix_rank`) is read from the dtype its kernel was given (probes.OpLog).
-Each result is then held against the documented lists of the running release (autocast_docs).
+Each result is then held against the documented lists of the running release
+(harness.lab.autocast.docs).
 
 Backward runs outside autocast, as in training; each input's gradient must come back in that
 input's dtype. An op that cannot be called in this build even without autocast (the CPU docs
@@ -23,8 +24,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._pytree import tree_leaves
 
-from harness.lab import autocast_ops, probes
-from harness.lab.autocast_docs import NO_LIST, Documented, aten, listed
+from harness.lab import probes
+from harness.lab.autocast import ops as autocast_ops
+from harness.lab.autocast.docs import NO_LIST, Documented, aten, listed
 
 _REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32}
 _CASTS = {"_to_copy", "to", "clone", "copy_", "detach", "lift_fresh", "alias"}

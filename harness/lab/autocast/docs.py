@@ -1,4 +1,4 @@
-"""PyTorch's documented autocast op lists, per device and release (autocast_lists.toml, cited).
+"""PyTorch's documented autocast op lists, per device and release (lists.toml, cited).
 
 `documented("cpu", "2.13.0+cpu")` is what the "Autocast Op Reference" of that release's docs
 says: op name -> the list that names it ("lower", "float32" or "promote"). The CPU's float16
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness.common.toml import tomllib
 
-LISTS_PATH = Path(__file__).with_name("autocast_lists.toml")
+LISTS_PATH = Path(__file__).with_name("lists.toml")
 LISTS = ("lower", "float32", "promote")
 NO_LIST = "no list"
 # How the atlas keeps a behaviour as a metric (one per op), so that the report and `baseline

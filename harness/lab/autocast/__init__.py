@@ -1,0 +1,9 @@
+"""Autocast, measured op by op and compiled: what the docs list, what each op computes in.
+
+- `docs`: PyTorch's documented autocast op lists, per device and release (`lists.toml`, cited);
+- `ops`: how the atlas calls each listed op (inputs, an output to differentiate);
+- `atlas`: every listed op measured under autocast on the session's device: the dtype it
+  computed in, its gradients' dtypes, held against the lists;
+- `compiled`: torch.compile's helpers for the compiled claims (a fresh compile, its count, the
+  upstream settings that restore eager's behaviour, inductor's cache under the reports folder).
+"""
