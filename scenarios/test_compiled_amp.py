@@ -35,8 +35,9 @@ reproduction of each mismatch:
   weights seen inside one long autocast region (where eager forwards the first step's cached
   casts), GradScaler's skip on inf and NaN, dynamic shapes, and a loss curve within fp32's own
   spread.
-Every release's difference is predicted for that release (the constants under "what the
-project predicts"), so that each test passes on all six and fails where a behaviour changes.
+Every release's difference is predicted for that release (a Change each in harness.lab.releases,
+asked under "what the project predicts"), so that each test passes on all six and fails where a
+behaviour changes.
 """
 
 from __future__ import annotations

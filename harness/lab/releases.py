@@ -203,6 +203,24 @@ CHANGES: dict[str, Change] = {
             "(pytorch/pytorch#171190, fixed by #173459); meta functions are alike on every device"
         ),
     ),
+    "multilabel-margin-decomposition": Change(
+        claims=("CMP-ATLAS",),
+        device=ANY_DEVICE,
+        since=(2, 14),
+        before_seen=("2.4.1", "2.5.1", "2.6.0", "2.9.1", "2.11.0", "2.12.1", "2.13.0"),
+        before=(
+            "compiled multilabel_margin_loss counts the target slots after a row's first -1 "
+            "as class 0 (the Python decomposition AOTAutograd uses), so its loss and gradient "
+            "differ from eager's, with autocast or without"
+        ),
+        current="compiled multilabel_margin_loss stops at a row's first -1, as eager does",
+        how=(
+            "F.multilabel_margin_loss on targets [[0, 2, -1, 0], [1, -1, 0, 0]], eager against "
+            "aot_eager: 1.0875 against 3.2875 on 2.4.1, 2.5.1, 2.6.0, 2.9.1, 2.11.0, 2.12.1 and "
+            "2.13.0, 1.0875 on both on 2.14.1 (pytorch/pytorch#141017, #185464; fixed by "
+            "#189552). Found by CMP-ATLAS"
+        ),
+    ),
 }
 
 

@@ -191,7 +191,8 @@ def _atlas(group: list[dict]) -> list[str]:
         torch = _fact(summary, "torch")
         for test, entry in summary["tests"].items():
             if atlas.is_atlas_test(test) and entry.get("outcome") == "passed":
-                dtype = test.rsplit("[", 1)[-1].rstrip("]")
+                # "bfloat16", or "bfloat16-aot_eager" for the compiled atlas
+                dtype = test.rsplit("[", 1)[-1].rstrip("]").replace("-", ", compiled with ")
                 column = atlas.column(torch, _fact(summary, "device"), torch, entry["metrics"], {})
                 by_dtype.setdefault(dtype, []).append(column)
     lines = []

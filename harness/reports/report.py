@@ -492,7 +492,8 @@ def _atlas_columns(environments: list[Environment]) -> list[atlas.Column]:
     passed (a failed one's measurement is not shown as valid)."""
     return [
         atlas.column(
-            f"{env.label}: {run.data.params.get('autocast_dtype', '?')}",
+            f"{env.label}: {run.data.params.get('autocast_dtype', '?')}"
+            + (f", compiled ({b})" if (b := run.data.params.get("compiled_backend")) else ""),
             envs.fact(env.facts, "device"),
             envs.fact(env.facts, "torch"),
             run.data.metrics,

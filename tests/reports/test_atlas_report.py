@@ -87,3 +87,33 @@ def test_baseline_changes_names_an_op_that_moved_with_its_release():
 def test_atlas_columns_read_behaviours_back_from_their_codes():
     column = atlas.column("x", "cpu", "2.13.0", {"op/mm": 1.0, "loss": 3.0, "op/eig": -2.0}, {})
     assert column.behaviours == {"mm": "lower", "eig": "absent"}
+
+
+COMPILED = "test_compiled_atlas.py::test_compiled_ops_keep_eager_autocast[bfloat16-aot_eager]"
+
+
+def test_a_compiled_column_marks_ops_that_differ_from_eager_not_from_the_docs():
+    """A compiled atlas column (scenarios/test_compiled_atlas.py) holds its ops to eager: a
+    marked cell says so, and an op that broke the graph reads "not compiled"."""
+    metrics = {"op/mm": 1.0, "op/lstm": 2.0, "op/ctc_loss": float(CODE["not compiled"])}
+    params = {"compiled_backend": "aot_eager", "mismatched_ops": "lstm"}
+    column = atlas.column("cpu: bfloat16, compiled (aot_eager)", "cpu", "2.13.0", metrics, params)
+    table = atlas.table([column])
+    cells = {op: atlas.cell_text(cells[0]) for op, cells in table.rows}
+    assert cells == {"lstm": "float32, ≠ eager", "ctc_loss": "not compiled", "mm": "lower"}
+    assert atlas.is_atlas_test(COMPILED)
+    # Its per-op key metrics stay with its claim (a value that moved changes no behaviour the
+    # table shows); the eager atlas's go to the table.
+    assert atlas.per_claim(COMPILED, {"holds/mm": 1.0}) == {"holds/mm": 1.0}
+    assert atlas.per_claim(TEST.format("bfloat16"), {"holds/mm": 1.0}) == {}
+
+
+def test_baseline_changes_titles_a_compiled_atlas_by_dtype_and_backend():
+    entry = {"outcome": "passed", "claims": ["CMP-ATLAS"], "metrics": {"op/mm": 1.0}}
+    group = [
+        {"fingerprint": {**CPU, "torch": torch}, "tests": {COMPILED: entry}}
+        for torch in ("2.9.1", "2.13.0")
+    ]
+    assert "### Autocast atlas, bfloat16, compiled with aot_eager: ops that changed" in (
+        changes._atlas(group)
+    )

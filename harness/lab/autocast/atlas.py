@@ -28,7 +28,7 @@ from harness.lab import probes
 from harness.lab.autocast import ops as autocast_ops
 from harness.lab.autocast.docs import NO_LIST, Documented, aten, listed
 
-_REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32}
+REAL_PART = {torch.complex32: torch.float16, torch.complex64: torch.float32}
 _CASTS = {"_to_copy", "to", "clone", "copy_", "detach", "lift_fresh", "alias"}
 
 
@@ -79,7 +79,7 @@ def _computed_in(out, log: probes.OpLog) -> torch.dtype | None:
     integers only, the first floating-point dtype a kernel (not a cast) was given."""
     for t in tree_leaves(out):
         if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
-            return _REAL.get(t.dtype, t.dtype)
+            return REAL_PART.get(t.dtype, t.dtype)
     kernels = [op for op in log.ops if op.name not in _CASTS and op.inputs]
     return kernels[0].inputs[0] if kernels else None
 

@@ -35,6 +35,24 @@ def fresh(fn: Callable, backend: str, *, dynamic: bool | None = None) -> Callabl
     return torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
 
 
+def casting_backend(target: Callable, dtype: torch.dtype, backend: str = "aot_eager") -> Callable:
+    """A torch.compile backend that casts every output of calls to `target` (a torch function
+    as dynamo records it: torch.mm) to `dtype` inside the graph, then compiles with `backend`:
+    a compiled op whose dtype is broken, for the negative controls of comparisons with eager."""
+    import torch._dynamo
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        for node in list(gm.graph.nodes):
+            if node.op == "call_function" and node.target is target:
+                with gm.graph.inserting_after(node):
+                    cast = gm.graph.call_method("to", (node, dtype))
+                node.replace_all_uses_with(cast, delete_user_cb=lambda user, c=cast: user is not c)
+        gm.recompile()
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    return compile_graph
+
+
 def graphs_compiled() -> int:
     """How many graphs dynamo has compiled in this process so far (a recompile adds one)."""
     from torch._dynamo.utils import counters

@@ -20,7 +20,10 @@ LISTS = ("lower", "float32", "promote")
 NO_LIST = "no list"
 # How the atlas keeps a behaviour as a metric (one per op), so that the report and `baseline
 # changes` read it back from MLflow and baselines without importing torch.
-CODES = {"input": 0, "lower": 1, "float32": 2, "promote": 3, "raises": 4, "error": -1, "absent": -2}
+CODES = {
+    "input": 0, "lower": 1, "float32": 2, "promote": 3, "raises": 4, "error": -1, "absent": -2,
+    "not compiled": -3,  # the compiled atlas (scenarios/test_compiled_atlas.py): a graph break
+}  # fmt: skip
 BEHAVIOURS = {code: name for name, code in CODES.items()}
 DEVICES = ("cuda", "cpu")
 

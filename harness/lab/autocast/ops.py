@@ -25,7 +25,10 @@ MIXED = "mixed"
 
 class Maker:
     """Inputs for one call: `m(4, 4)` a float tensor (a leaf that requires grad), in this call's
-    dtype; `kind` picks the values. `m.aux(...)` the same without grad (a target, a window)."""
+    dtype; `kind` picks the values. `m.aux(...)` the same without grad (a target, a window);
+    `m.plain(...)` float32 values without grad, whatever the call's dtype (what an op's inputs
+    are computed from). Every tensor handed out is kept in `made`, in order, so that a `Replay`
+    hands the same ones out again (the compiled atlas: harness.lab.autocast.compiled_atlas)."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype | str, low: torch.dtype):
         self.device = device
@@ -33,6 +36,7 @@ class Maker:
         self._dtypes = itertools.cycle([low, torch.float32] if dtype == MIXED else [dtype])
         self._gen = torch.Generator().manual_seed(0)
         self.leaves: list[torch.Tensor] = []
+        self.made: list[torch.Tensor] = []
 
     def _values(self, shape: tuple[int, ...], kind: str) -> torch.Tensor:
         x = torch.randn(*shape, generator=self._gen)
@@ -48,25 +52,62 @@ class Maker:
             return torch.linalg.cholesky(x @ x.transpose(-1, -2) + shape[-1] * torch.eye(shape[-1]))
         return x
 
-    def __call__(self, *shape: int, kind: str = "normal") -> torch.Tensor:
-        t = self._values(shape, kind).to(self.device, next(self._dtypes)).requires_grad_()
-        self.leaves.append(t)
+    def _hand(self, t: torch.Tensor, leaf: bool) -> torch.Tensor:
+        if leaf:
+            t.requires_grad_()
+            self.leaves.append(t)
+        self.made.append(t)
         return t
 
+    def _next_dtype(self, values: torch.Tensor) -> torch.Tensor:
+        return values.to(self.device, next(self._dtypes))
+
+    def __call__(self, *shape: int, kind: str = "normal") -> torch.Tensor:
+        return self._hand(self._next_dtype(self._values(shape, kind)), leaf=True)
+
     def aux(self, *shape: int, kind: str = "normal") -> torch.Tensor:
-        return self._values(shape, kind).to(self.device, next(self._dtypes))
+        return self._hand(self._next_dtype(self._values(shape, kind)), leaf=False)
+
+    def plain(self, *shape: int) -> torch.Tensor:
+        return self._hand(self._values(shape, "normal").to(self.device), leaf=False)
 
     def like(self, values: torch.Tensor) -> torch.Tensor:
         """`values` (computed in float32) as a leaf input of this call's dtype."""
-        t = values.detach().to(self.device, next(self._dtypes)).requires_grad_()
-        self.leaves.append(t)
-        return t
+        return self._hand(self._next_dtype(values.detach()), leaf=True)
 
     def ints(self, *values) -> torch.Tensor:
-        return torch.tensor(values, device=self.device)
+        return self._hand(torch.tensor(values, device=self.device), leaf=False)
 
     def signs(self, n: int) -> torch.Tensor:
-        return self.aux(n).sign()
+        return self._hand(self._next_dtype(self._values((n,), "normal")).sign(), leaf=False)
+
+
+class Replay:
+    """A Maker's `made` handed out again, in the order the call asked for them: the same call
+    traced by torch.compile sees the eager call's inputs (its tensors are the compiled
+    function's arguments, not values drawn inside the graph)."""
+
+    def __init__(self, device: torch.device, tensors: list[torch.Tensor]):
+        self.device = device
+        self._tensors = iter(tensors)
+
+    def __call__(self, *shape: int, kind: str = "normal") -> torch.Tensor:
+        return next(self._tensors)
+
+    def aux(self, *shape: int, kind: str = "normal") -> torch.Tensor:
+        return next(self._tensors)
+
+    def plain(self, *shape: int) -> torch.Tensor:
+        return next(self._tensors)
+
+    def like(self, values: torch.Tensor) -> torch.Tensor:
+        return next(self._tensors)
+
+    def ints(self, *values) -> torch.Tensor:
+        return next(self._tensors)
+
+    def signs(self, n: int) -> torch.Tensor:
+        return next(self._tensors)
 
 
 def _grid(m: Maker, *shape: int) -> torch.Tensor:
@@ -88,14 +129,14 @@ def _mha(m: Maker):
 
 def _unpool(pool, unpool, *shape: int):
     def call(m: Maker):
-        values, indices = pool(torch.randn(*shape, device=m.device), 2, return_indices=True)
+        values, indices = pool(m.plain(*shape), 2, return_indices=True)
         return unpool(m.like(values), indices, 2)
 
     return call
 
 
 def _qr_parts(m: Maker):
-    a, tau = torch.geqrf(torch.randn(4, 3, device=m.device))
+    a, tau = torch.geqrf(m.plain(4, 3))
     return m.like(a), m.like(tau)
 
 
