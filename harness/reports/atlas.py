@@ -136,20 +136,22 @@ def _row(cells: list[str]) -> str:
 
 
 def changes(
-    columns: list[Column],
+    columns: list[Column], documented: bool = True
 ) -> list[tuple[str, list[tuple[str, str]], list[tuple[str, str]]]]:
     """Across the releases of one hardware and dtype (columns in release order): each op whose
-    measured behaviour or documented list differs, with (torch, value) for each release."""
+    measured behaviour (or, with `documented`, its documented list) differs, with (torch, value)
+    for each release."""
     found = []
     for op in sorted({op for c in columns for op in c.behaviours}):
         measured = [(c.torch, c.behaviours[op]) for c in columns if op in c.behaviours]
-        documented = [
+        listed = [
             (
                 c.torch,
                 autocast_docs.listed(op, autocast_docs.documented(c.device, c.torch), c.device),
             )
             for c in columns
         ]
-        if len({v for _t, v in measured}) > 1 or len({v for _t, v in documented}) > 1:
-            found.append((op, measured, documented))
+        moved = len({v for _t, v in measured}) > 1
+        if moved or (documented and len({v for _t, v in listed}) > 1):
+            found.append((op, measured, listed))
     return found

@@ -59,8 +59,9 @@ class Difference:
         if self.verdicts:
             parts.append("verdict " + " vs ".join(f"{v} ({label})" for label, v in self.verdicts))
         for name, values in self.metrics:
-            metric = name.rsplit(": ", 1)[-1]
-            parts.append(f"{metric} " + " vs ".join(f"{v} ({label})" for label, v in values))
+            parts.append(
+                f"{metric_label(name)} " + " vs ".join(f"{v} ({label})" for label, v in values)
+            )
         return "; ".join(parts)
 
     def summary(self) -> str:
@@ -109,6 +110,15 @@ def _differ(values: Values) -> bool:
 
 def _labelled(values: Values) -> list[tuple[str, str]]:
     return [(column.label, v) for column, v in values]
+
+
+def metric_label(name: str) -> str:
+    """ "scenarios/f.py::test[bfloat16]: holds/mm" -> "holds/mm [bfloat16]": the metric, with
+    its test's parameters where it has some, so that two tests of one claim (one per autocast
+    dtype) tell their metrics apart."""
+    test, _, metric = name.rpartition(": ")
+    params = test.rsplit("[", 1)[-1].removesuffix("]") if test.endswith("]") else ""
+    return f"{metric} [{params}]" if params else metric
 
 
 def _metrics(claim: str, columns: list[Column]) -> dict[str, Values]:
