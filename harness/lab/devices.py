@@ -22,9 +22,11 @@ list CAPABILITIES of `Capability(name, text, probe, expected)`); the plugin load
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import dataclasses
 import functools
+import importlib.metadata
 import importlib.util
 import inspect
 import re
@@ -303,6 +305,43 @@ def _probe_inductor_compile(device: str) -> Probe:
     )
 
 
+def _probe_torchao_float8(device: str) -> Probe:
+    """torchao's float8 training: a Linear converted to its Float8Linear (tensorwise scales;
+    emulated where the device has no FP8 matmul, as on the CPU), a forward and a backward, the
+    output held to the plain Linear's within FP8's rounding. Not installed: absent (the `fp8`
+    extra); installed and failing: a broken one."""
+    if importlib.util.find_spec("torchao") is None:
+        return Probe(False, "torchao is not installed: pip install -e '.[fp8]'", absent=True)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    emulate = device == "cpu" or not _probe_fp8_scaled_mm(device).works
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(32, 32)).to(device)
+    fp8 = convert_to_float8_training(
+        copy.deepcopy(plain), config=Float8LinearConfig(emulate=emulate)
+    )
+    x = torch.randn(16, 32, device=device)
+    got, want = fp8(x), plain(x)
+    got.sum().backward()
+    got, want = got.detach(), want.detach()
+    gap = float((got - want).abs().max() / want.abs().max())
+    converted = type(fp8[0]).__name__
+    return Probe(
+        converted == "Float8Linear" and bool(fp8[0].weight.grad.isfinite().all()) and gap < 0.1,
+        f"torchao {installed_version('torchao')}: a Linear(32, 32) became {converted}"
+        f"{' (emulated)' if emulate else ''}, its output off the plain Linear's by {gap:.3g} of "
+        "the largest entry",
+    )
+
+
+def installed_version(distribution: str) -> str:
+    """A distribution's version, read from its metadata (nothing imported); "" if absent."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
 PROBES = {
     "fp16_autocast": lambda device: _probe_autocast(device, torch.float16),
     "bf16_autocast": lambda device: _probe_autocast(device, torch.bfloat16),
@@ -322,11 +361,13 @@ PROBES = {
 
 # Probes that take seconds run the first time a test needs their capability, not at the start of
 # every session and isolated worker, most of which never ask: a torch.compile (importing dynamo
-# and inductor alone takes about 3 s on 2 cores, a first C++ build 10 s more), and building an
-# optimizer (torch.optim's constructors import dynamo: 1.7 s, a third of a session's start-up).
+# and inductor alone takes about 3 s on 2 cores, a first C++ build 10 s more), building an
+# optimizer (torch.optim's constructors import dynamo: 1.7 s, a third of a session's start-up),
+# and torchao's float8 training.
 DEFERRED_PROBES = {
     "inductor_compile": _probe_inductor_compile,
     "fused_optimizers": _probe_fused_optimizers,
+    "torchao_float8": _probe_torchao_float8,  # importing torchao: seconds, and it prints
 }
 
 CAPABILITY_TEXT = {
@@ -340,6 +381,7 @@ CAPABILITY_TEXT = {
     "fp8_scaled_mm": "torch._scaled_mm on this device (float8_e4m3fn, one scale per tensor)",
     "fp8_rowwise_scaled_mm": "torch._scaled_mm with a scale per row and per column",
     "fused_optimizers": "fused=True SGD, Adam and AdamW (kernels that take GradScaler's check)",
+    "torchao_float8": "torchao's float8 training (Float8Linear; the `fp8` extra)",
     "gloo": "torch.distributed with gloo (the CPU ranks of the distributed scenarios)",
     "fsdp2": "FSDP2 (fully_shard, MixedPrecisionPolicy, ShardedGradScaler) on gloo CPU ranks",
     "bf16_rnn": "a bfloat16 LSTM under autocast (on the CPU: oneDNN's RNN kernel)",
@@ -394,6 +436,15 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("cuda", "inductor_compile"): Expected(
         source="inductor generates CUDA kernels with triton, a dependency of torch's Linux "
         "CUDA wheels"
+    ),
+    # Where torchao is installed (the probe says absent otherwise: a skip): it must work.
+    ("cpu", "torchao_float8"): Expected(
+        (2, 13),
+        source="torchao 0.18's Float8Linear trains emulated on the CPU: measured on torch "
+        "2.13.0 (older releases not measured with it)",
+    ),
+    ("cuda", "torchao_float8"): Expected(
+        (2, 13), source="torchao's float8 training is made for CUDA (emulated below sm_89)"
     ),
     # The FSDP2 rehearsal runs on CPU ranks whatever the session's device: from 2.7, as there.
     ("cuda", "fsdp2"): Expected((2, 7), source="FSDP2 runs on gloo CPU ranks from torch 2.7"),

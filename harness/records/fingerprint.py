@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 import harness
-from harness.lab import hardware
+from harness.lab import devices, hardware
 from harness.lab.devices import DeviceInfo
 from harness.lab.tf32 import tf32_flags
 from harness.records import torch_state
@@ -91,6 +91,9 @@ def collect(device: DeviceInfo, root: Path, watched: tuple[Path, ...] = ()) -> d
         "cudnn": str(cudnn or ""),
         "nccl": nccl,
         "torch": torch.__version__,
+        # torchao's float8 API moves between its releases (0.18 removed delayed scaling): the
+        # FP8 claims it decides hold for this pair, so it is pinned beside torch.
+        "torchao": devices.installed_version("torchao"),
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
         "cpu": platform.processor() or platform.machine(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import importlib.util
 import io
 import json
 import os
@@ -82,6 +83,16 @@ def _scaled_mm_refusing(rowwise_only: bool):
     return refusing
 
 
+def _torchao_float8_raising(monkeypatch):
+    """torchao's float8 conversion raising, as a torchao built for another torch does."""
+    import torchao.float8
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("torchao: this torch lacks an op Float8Linear needs")
+
+    monkeypatch.setattr(torchao.float8, "convert_to_float8_training", raising)
+
+
 BREAKS = {
     "fp16_autocast": lambda mp: mp.setattr(torch, "autocast", _autocast_ignoring(torch.float16)),
     "bf16_autocast": lambda mp: mp.setattr(torch, "autocast", _autocast_ignoring(torch.bfloat16)),
@@ -92,6 +103,7 @@ BREAKS = {
     "fused_optimizers": _refuse_fused_optimizers,
     "fp8_scaled_mm": lambda mp: mp.setattr(torch, "_scaled_mm", _scaled_mm_refusing(False)),
     "fp8_rowwise_scaled_mm": lambda mp: mp.setattr(torch, "_scaled_mm", _scaled_mm_refusing(True)),
+    "torchao_float8": _torchao_float8_raising,
 }
 # (capability, scenario module, -k, the tests that need it, their claims, what the probe saw)
 CASES = [
@@ -104,6 +116,7 @@ CASES = [
     ("fused_optimizers", "test_loop_shapes.py", "fused", 1, ["SCL-STEP-UNSCALES"], "RuntimeError"),
     ("fp8_scaled_mm", "test_fp8.py", "multiplies", 1, ["FP8-SCALED-MM"], "RuntimeError"),
     ("fp8_rowwise_scaled_mm", "test_fp8.py", "rowwise", 1, ["FP8-SCALED-MM"], "RuntimeError"),
+    ("torchao_float8", "test_fp8_torchao.py", "", 1, ["FP8-TORCHAO-COMPILED"], "RuntimeError"),
 ]
 
 
@@ -594,3 +607,15 @@ def test_a_broken_inductor_is_a_regression_and_a_missing_compiler_a_skip(
     result = run_scenario(*_COMPILED_TEST, "-rs", plugins=(_INDUCTOR_ONLY,))
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines([f"*needs {text}: this machine lacks*no C++ compiler*"])
+
+
+def test_torchao_not_installed_skips_naming_the_extra(run_scenario, monkeypatch, reprobe):
+    """torchao is an optional extra: where it is not installed, its test skips saying how to
+    install it, a genuine absence even on a release that expects the capability."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a)
+    )
+    result = run_scenario("test_fp8_torchao.py", "-rs")
+    result.assert_outcomes(skipped=1)
+    assert "(torchao is not installed: pip install -e '.[fp8]')" in result.stdout.str()

@@ -1,0 +1,60 @@
+"""scenarios/test_fp8_torchao.py can fail: a compiled Float8Linear that strays from eager fails
+FP8-TORCHAO-COMPILED naming the arm, and an FP8 model that rounds nothing fails its control.
+Needs torchao (the dev extra installs it); aot_eager only, where a case does not need inductor."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import assert_fails_naming, load_scenario
+
+from harness.lab.autocast import compiled
+
+MODULE = "test_fp8_torchao.py"
+pytest.importorskip("torchao.float8", reason="torchao is not installed: pip install -e '.[fp8]'")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("compiled_once")]
+
+
+@pytest.fixture(scope="module")
+def compiled_once():
+    """The scenario's FP8 model compiled once with each backend in this process, before any
+    nested session: a first compile imports torchao's and torch's compiler modules, which a
+    nested session would drop at its end (pytester restores sys.modules), and those imported a
+    second time break ("Artifact of type=autotune already registered")."""
+    scenario = load_scenario(MODULE)
+    cpu = torch.device("cpu")
+    plain, x = scenario._model(cpu), torch.randn(32, 64)
+    eager = scenario._run(scenario._float8(plain, emulate=True), x)
+    with warnings.catch_warnings():  # torch's own, on importing inductor: not what is tested
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for backend, casts in scenario.ARMS.values():
+            scenario._compiled_gap(plain, x, eager, True, backend, casts)
+    torch._dynamo.reset()
+
+
+def test_the_module_passes_unbroken(run_scenario):
+    run_scenario(MODULE).assert_outcomes(passed=1)
+
+
+def test_a_compiled_model_that_strays_from_eager_fails_naming_the_arm(run_scenario, monkeypatch):
+    real = compiled.fresh
+
+    def straying(fn, backend, **kwargs):
+        call = real(fn, backend, **kwargs)
+        return lambda x: call(x) * (1 + 1e-3) if backend == "aot_eager" else call(x)
+
+    monkeypatch.setattr(compiled, "fresh", straying)
+    result = run_scenario(MODULE)
+    assert_fails_naming(result, "FP8-TORCHAO-COMPILED")
+    result.stdout.fnmatch_lines(["*predicted every compiled arm within*got aot_eager off by 0.00*"])
+
+
+def test_an_fp8_model_that_rounds_nothing_fails_the_control(run_scenario, monkeypatch):
+    import torchao.float8
+
+    monkeypatch.setattr(torchao.float8, "convert_to_float8_training", lambda m, config: m)
+    result = run_scenario(MODULE)
+    assert_fails_naming(result, "FP8-TORCHAO-COMPILED")
+    result.stdout.fnmatch_lines(["*control: FP8's rounding must show against float32's*"])
