@@ -647,6 +647,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         args.factory, devices.resolve(args.device, "--device"), steps=args.steps, lr=args.lr,
         optimizer=args.optimizer, names=args.recipes or diagnose.RECIPES, horizon=args.horizon,
         verify=args.verify, step_limit_s=args.step_timeout or None,
+        compile_backend=args.compile,
     )  # fmt: skip
     width = shutil.get_terminal_size((100, 24)).columns
     print(diagnoses.render(found, width, sys.stdout.isatty()), end="")
@@ -817,6 +818,11 @@ def parser() -> argparse.ArgumentParser:
         "--verify", type=int, default=0, metavar="N",
         help="then train N steps under each recipe and each recommended fix, and say whether "
         "the quick look's judgement held (the ground truth; slower)",
+    )  # fmt: skip
+    diag.add_argument(
+        "--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+        help="also run each recipe with the model under torch.compile (inductor, or the backend "
+        "named: aot_eager needs no compiler) and say where it does not train as eager",
     )  # fmt: skip
     diag.add_argument(
         "--horizon", type=int, default=1000, metavar="STEPS",

@@ -69,6 +69,8 @@ def log(diagnosis: Diagnosis, uri: str, saved: Path, reports: Path) -> str:
         tags[f"reasons.{run.recipe}"] = cap(" | ".join(run.reasons), "in diagnosis.json", 5000)
     for row in (diagnosis.verify or {}).get("rows", []):
         tags[f"truth.{row['recipe']}"] = row["truth"]
+    for row in (diagnosis.compiled or {}).get("rows", []):
+        tags[f"compiled.{row['recipe']}"] = cap(_compiled_words(row), "in diagnosis.json", 5000)
     run_id = client.create_run(experiment, tags=tags).info.run_id
     stamp = int(time.time() * 1000)
     metrics = [
@@ -112,6 +114,8 @@ def render(diagnosis: Diagnosis, width: int, color: bool) -> str:
         markup=False,
         highlight=False,
     )
+    compiled = {row["recipe"]: row for row in (diagnosis.compiled or {}).get("rows", [])}
+    backend = (diagnosis.compiled or {}).get("backend", "")
     for run in diagnosis.runs.values():
         style = "green" if run.status == SAFE else "yellow" if run.status == NOT_RUN else "red"
         line = Text(f"  {run.recipe:<18} ")
@@ -126,9 +130,17 @@ def render(diagnosis: Diagnosis, width: int, color: bool) -> str:
             against = "" if check.reference == REFERENCE else f", against {check.reference}"
             _wrapped(console, f"fix tried: {check.fix} -> {check.status} ({verdict}{against})",
                      width, "      ")  # fmt: skip
+        if run.recipe in compiled:
+            _wrapped(console, f"torch.compile ({backend}): {_compiled_words(compiled[run.recipe])}",
+                     width, "      ")  # fmt: skip
     if diagnosis.verify:
         _render_verify(console, diagnosis.verify, width)
     return console.file.getvalue()
+
+
+def _compiled_words(row: dict) -> str:
+    """A recipe's compiled run against its eager one: "as eager (why)" or "DIFFERS: why"."""
+    return f"as eager: {row['why']}" if row["as_eager"] else f"DIFFERS from eager: {row['why']}"
 
 
 def _wrapped(console: Console, text: str, width: int, indent: str) -> None:

@@ -23,16 +23,20 @@ import torch
 BACKENDS = ("aot_eager", "inductor")
 
 
-def fresh(fn: Callable, backend: str, *, dynamic: bool | None = None) -> Callable:
-    """`fn` compiled anew with `backend`. Dynamo's caches are reset first, so that a case never
-    runs a graph an earlier case compiled. Inductor's on-disk caches stay, as they do between a
-    user's processes: they are keyed by the graph (a key that left the autocast dtype out on
-    torch 2.9 to 2.11: scenarios/test_compiled_amp.py names it). fullgraph, so that a graph
-    break is an error instead of a part of `fn` silently run eagerly."""
+def fresh(
+    fn: Callable, backend, *, dynamic: bool | None = None, fullgraph: bool = True
+) -> Callable:
+    """`fn` compiled anew with `backend` (a name, or a backend callable). Dynamo's caches are
+    reset first, so that a case never runs a graph an earlier case compiled. Inductor's on-disk
+    caches stay, as they do between a user's processes: they are keyed by the graph (a key that
+    left the autocast dtype out on torch 2.9 to 2.11: scenarios/test_compiled_amp.py names it).
+    fullgraph, so that a graph break is an error instead of a part of `fn` silently run
+    eagerly; `fullgraph=False` for a user's model, compiled as its owner would, graph breaks
+    and all."""
     import torch._dynamo
 
     torch._dynamo.reset()
-    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
+    return torch.compile(fn, backend=backend, fullgraph=fullgraph, dynamic=dynamic)
 
 
 def casting_backend(target: Callable, dtype: torch.dtype, backend: str = "aot_eager") -> Callable:

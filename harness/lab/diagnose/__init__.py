@@ -4,7 +4,7 @@ remedies re-run, and (with --verify) the long runs that check the prediction.
 A factory returns a `Subject` (the model, endless batches, the loss); `diagnose()` returns a
 `Diagnosis`. The parts: `runs` (one recipe's run, observed), `rules` (the statuses and what
 sets them), `fixes` (each remedy), `kernels` (the convolution kernels' probe), `verify` (the
-truth of a longer run), `examples`.
+truth of a longer run), `compiled` (each recipe compiled, against eager), `examples`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_map
 
 from harness.common.errors import HarnessError
 from harness.lab import devices, recipes
+from harness.lab.diagnose import compiled as compiled_runs  # --compile's runs
 from harness.lab.diagnose import verify as truth  # the long runs of --verify
 from harness.lab.diagnose.fixes import Fix
 from harness.lab.diagnose.rules import (  # noqa: F401  (the names a scenario asserts on)
@@ -232,10 +233,12 @@ def diagnose(
     horizon: int = HORIZON,
     verify: int = 0,
     step_limit_s: float | None = None,
+    compile_backend=None,
 ) -> Diagnosis:
     """Train `steps` steps of the subject under each recipe (fp32 first) and judge each; with
     `verify`, train that many steps more under each recipe and each fix, and say whether the
-    judgement held.
+    judgement held; with `compile_backend` (a torch.compile backend: "inductor", "aot_eager",
+    or a callable), run each recipe again compiled and hold it against its eager run.
 
     `make`: the factory (or its "module:function" name, or a Subject). Errors of the subject
     (it does not load, breaks the protocol, holds no data to train, or fails its first fp32
@@ -251,6 +254,11 @@ def diagnose(
     found = _subject(spec, make)
     _check_trainable(spec, found.model)
     info = devices.probe(device) if isinstance(device, str) else device
+    if compile_backend == "inductor":
+        lack = info.missing("inductor_compile")
+        if lack:
+            raise DiagnoseError(f"--compile inductor: {lack.reason} (--compile aot_eager needs "
+                                "no compiler)")  # fmt: skip
     count = max(steps, verify) + (truth.HELD_OUT if verify else 0)
     taken = _take(spec, found.batches, count)
     quick = Replay(taken[:steps], found.loss)
@@ -258,6 +266,10 @@ def diagnose(
     initial = _fp32_copy(spec, found.model)
     try:
         diagnosis = _quick_look(spec, found.model, initial, quick, setting, names, horizon)
+        if compile_backend is not None:
+            diagnosis.compiled = compiled_runs.compare(
+                diagnosis, initial, quick, setting, compile_backend
+            )
         if verify:
             diagnosis.verify = truth.verify(
                 diagnosis, initial, Replay(taken[:verify], found.loss), taken[verify:], setting,

@@ -240,6 +240,7 @@ class Diagnosis:
     noise_note: str = ""  # how the seed spread was measured, when not every weight was re-drawn
     device_type: str = "cpu"
     verify: dict | None = None  # harness.lab.diagnose.verify's result, with --verify N
+    compiled: dict | None = None  # harness.lab.diagnose.compiled's result, with --compile
 
     def hot_ops(self) -> list[str]:
         """Ops whose fp32 peak is within HEADROOM_FACTOR of fp16's largest value."""

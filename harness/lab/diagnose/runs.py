@@ -27,6 +27,7 @@ from torch import nn
 
 from harness.common.errors import HarnessError
 from harness.lab import devices, probes, recipes
+from harness.lab.autocast import compiled
 from harness.lab.diagnose import kernels
 from harness.lab.diagnose.fixes import Fix, Fixed
 from harness.lab.diagnose.rules import NormState, OpRange, Run
@@ -207,10 +208,12 @@ def run_recipe(
     watch: bool = True,
     reference_gradient: torch.Tensor | None = None,
     held_out: list | None = None,
+    backend=None,
 ) -> tuple[Run, torch.Tensor | None]:
-    """Train a copy of `initial` on `replay` under the recipe (with `fix` applied); the run, and
-    its first step's gradient. Errors of the recipe are the run's (`run.error`); a step past the
-    time limit is StepTimeout."""
+    """Train a copy of `initial` on `replay` under the recipe (with `fix` applied; compiled with
+    `backend`, a torch.compile backend, where given: `watch` must be off, the probes would
+    break the graph); the run, and its first step's gradient. Errors of the recipe are the
+    run's (`run.error`); a step past the time limit is StepTimeout."""
     recipe = recipes.get(name)
     run = Run(name, fix=fix.describe() if fix else "")
     lack = setting.device.missing(*recipe.needs)
@@ -219,6 +222,8 @@ def run_recipe(
         return run, None
     torch.manual_seed(SEED)  # the same dropout masks and random draws in every run
     model = copy.deepcopy(initial)
+    if backend is not None:
+        model = compiled.fresh(model, backend, fullgraph=False)
     precision = Fixed(recipe, setting.device, fix.modules) if fix else recipe.bind(setting.device)
     limit = _Limit(setting.step_limit_s)
     history = History()
