@@ -441,7 +441,7 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("cpu", "torchao_float8"): Expected(
         (2, 13),
         source="torchao 0.18's Float8Linear trains emulated on the CPU: measured on torch "
-        "2.13.0 (older releases not measured with it)",
+        "2.13.0 and 2.14.1 (older releases not measured with it)",
     ),
     ("cuda", "torchao_float8"): Expected(
         (2, 13), source="torchao's float8 training is made for CUDA (emulated below sm_89)"
