@@ -85,14 +85,6 @@ def _tolerance(low: torch.dtype) -> float:
     return LOW_ROUNDINGS * torch.finfo(low).eps
 
 
-def _error(exc: BaseException) -> str:
-    """An exception in one line: its type and first line, and the error a compiler wrapper
-    (BackendCompilerFailed: "backend='inductor' raised:") carries on its next line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = " ".join(lines[:2] if lines and lines[0].endswith("raised:") else lines[:1])
-    return f"{type(exc).__name__}: {text[:200]}"
-
-
 # --- the block, its batches, one forward and backward ----------------------------------------
 
 
@@ -196,7 +188,7 @@ def _attempt(measure: Callable[[], Run]) -> Run:
         try:
             run = measure()
         except Exception as exc:  # BackendCompilerFailed, InductorError, AssertionError, ...
-            run = Run(error=_error(exc))
+            run = Run(error=compiled.error_line(exc))
     run.flushed = flushed[0]
     return run
 
@@ -550,7 +542,7 @@ def _mixed_outcome(amp_device, low, backend: str | None) -> str:
         with torch.no_grad(), torch.autocast(amp_device.type, dtype=low):
             return _short(call(_batch(amp_device), layer, weight).dtype)
     except Exception as exc:  # eager's RuntimeError; compiled, the same, or at compile time
-        return f"raises ({_error(exc)})"
+        return f"raises ({compiled.error_line(exc)})"
 
 
 def _mixed_predicted(backend: str | None) -> str:
@@ -790,7 +782,7 @@ def _long_region(amp_device, low, backend: str | None) -> Loop:
             with torch.autocast(amp_device.type, dtype=low):
                 fresh.append(call(x)["linear"].detach().clone())
     except Exception as exc:  # a compile that fails (2.5.1's inductor) is what was measured
-        return Loop(0, 0, 0, _error(exc))
+        return Loop(0, 0, 0, compiled.error_line(exc))
     later = list(zip(outputs[1:], fresh[1:], outputs[:-1], strict=True))
     return Loop(
         len(later),
@@ -882,7 +874,7 @@ def _scaled_steps(amp_device, backend: str | None) -> dict[str, ScaledStep]:
             optimizer.zero_grad()
             scaler.scale(loss).backward()
         except Exception as exc:  # a compile that fails (2.5.1's inductor) is what was measured
-            steps[case] = ScaledStep(False, init_scale, 0, _error(exc))
+            steps[case] = ScaledStep(False, init_scale, 0, compiled.error_line(exc))
             continue
         nonfinite = sum(int((~torch.isfinite(p.grad)).sum()) for p in model.parameters())
         scaler.step(optimizer)
@@ -1070,7 +1062,7 @@ def test_compiled_training_follows_eager(record, amp_device):
         try:
             curves[backend] = _curve(amp_device, low, backend, 0)
         except Exception as exc:  # a compile that fails (2.5.1's inductor) is what was measured
-            errors[backend] = _error(exc)
+            errors[backend] = compiled.error_line(exc)
     gaps = {b: [abs(c - e) for c, e in zip(curve, eager, strict=True)] for b, curve in
             curves.items()}  # fmt: skip
     outside = {b: _outside(gap, spread) for b, gap in gaps.items()}

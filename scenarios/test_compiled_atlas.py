@@ -36,6 +36,7 @@ from harness.lab import releases
 from harness.lab.autocast import atlas as autocast_atlas
 from harness.lab.autocast import compiled, compiled_atlas
 from harness.lab.autocast import docs as autocast_docs
+from harness.lab.autocast import ops as autocast_ops
 
 INDUCTOR_OPT_IN = "AMP_ATLAS_INDUCTOR"
 CONTROL_OP = "mm"  # on every device's lower list, and compiled by every release
@@ -71,9 +72,7 @@ def _behaviour(found: compiled_atlas.OpCompiled, low: torch.dtype) -> str:
 def _promote_ops(device_type: str) -> frozenset[str]:
     doc = autocast_docs.documented(device_type, torch.__version__)
     return frozenset(
-        op
-        for op in compiled_atlas.autocast_ops.CALLS
-        if autocast_docs.listed(op, doc, device_type) == "promote"
+        op for op in autocast_ops.CALLS if autocast_docs.listed(op, doc, device_type) == "promote"
     )
 
 
@@ -136,7 +135,7 @@ def test_compiled_ops_keep_eager_autocast(record, amp_device, low, backend):
 
     # Negative control: mm's output cast to float32 inside the graph, its chunk's ops compiled
     # with it: the comparison names mm, and no neighbour of it in the graph.
-    names = list(compiled_atlas.autocast_ops.CALLS)
+    names = list(autocast_ops.CALLS)
     at = names.index(CONTROL_OP)
     chunk = names[at - at % compiled_atlas.CHUNK :][: compiled_atlas.CHUNK]
     control = compiled_atlas.measure(

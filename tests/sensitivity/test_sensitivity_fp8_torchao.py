@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import Toy, assert_fails_naming, load_scenario
 
+from harness.lab import devices
 from harness.lab.autocast import compiled
 
 MODULE = "test_fp8_torchao.py"
@@ -52,6 +53,9 @@ def test_a_compiled_model_that_strays_from_eager_fails_naming_the_arm(run_scenar
 def test_an_fp8_model_that_rounds_nothing_fails_the_control(run_scenario, monkeypatch):
     import torchao.float8
 
+    # The capability probed before the break (its probe converts a Linear too): what breaks
+    # here is the scenario's control, not torchao_float8.
+    assert devices.probe("cpu").missing("torchao_float8") is None
     monkeypatch.setattr(torchao.float8, "convert_to_float8_training", lambda m, config: m)
     result = run_scenario(MODULE, plugins=(AOT_ONLY,))
     assert_fails_naming(result, "FP8-TORCHAO-COMPILED")

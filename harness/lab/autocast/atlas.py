@@ -74,12 +74,25 @@ class Atlas:
     absent: dict[str, str] = field(default_factory=dict)  # op -> what it raises without autocast
 
 
-def _computed_in(out, log: probes.OpLog) -> torch.dtype | None:
-    """The dtype the op computed in: its first floating-point output's, or, where it returns
-    integers only, the first floating-point dtype a kernel (not a cast) was given."""
+def output_dtype(out) -> torch.dtype | None:
+    """The dtype of `out`'s first floating-point (or complex: its real part's) tensor, if any."""
     for t in tree_leaves(out):
         if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
             return REAL_PART.get(t.dtype, t.dtype)
+    return None
+
+
+def as_real(t: torch.Tensor) -> torch.Tensor:
+    """A complex tensor as its real and imaginary parts (what a backward can start from)."""
+    return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+
+
+def _computed_in(out, log: probes.OpLog) -> torch.dtype | None:
+    """The dtype the op computed in: its first floating-point output's, or, where it returns
+    integers only, the first floating-point dtype a kernel (not a cast) was given."""
+    found = output_dtype(out)
+    if found is not None:
+        return found
     kernels = [op for op in log.ops if op.name not in _CASTS and op.inputs]
     return kernels[0].inputs[0] if kernels else None
 
@@ -93,8 +106,7 @@ def _backward(out, leaves: list[torch.Tensor]) -> bool | None:
     if first is None:
         return None
     try:
-        real = torch.view_as_real(first.resolve_conj()) if first.is_complex() else first
-        real.float().sum().backward()
+        as_real(first).float().sum().backward()
     except RuntimeError:  # no derivative for this op (or not in this dtype): nothing to hold
         return None
     grads = [(leaf.grad.dtype, leaf.dtype) for leaf in leaves if leaf.grad is not None]

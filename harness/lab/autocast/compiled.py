@@ -57,6 +57,14 @@ def casting_backend(target: Callable, dtype: torch.dtype, backend: str = "aot_ea
     return compile_graph
 
 
+def error_line(exc: BaseException) -> str:
+    """An exception in one line: its type and first line, and the error a compiler wrapper
+    (BackendCompilerFailed: "backend='inductor' raised:") carries on its next line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = " ".join(lines[:2] if lines and lines[0].endswith("raised:") else lines[:1])
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
 def graphs_compiled() -> int:
     """How many graphs dynamo has compiled in this process so far (a recompile adds one)."""
     from torch._dynamo.utils import counters

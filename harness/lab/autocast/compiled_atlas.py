@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_leaves
 
 from harness.lab.autocast import compiled
 from harness.lab.autocast import ops as autocast_ops
-from harness.lab.autocast.atlas import REAL_PART
+from harness.lab.autocast.atlas import as_real, output_dtype
 
 CHUNK = 24  # ops per graph: 9 graphs per input dtype for the atlas's 200
 TOLERANCE_EPS = 4  # epsilons of an output's dtype: a few roundings apart, as CMP-BLOCK-DTYPES
@@ -72,24 +72,8 @@ class OpCompiled:
         return NOT_COMPILED if self.error else "measured"
 
 
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    # A compiler wrapper's first line names the backend, its second the error it carries.
-    text = (
-        " ".join(lines[:2]) if lines and lines[0].endswith("raised:") else lines[0] if lines else ""
-    )
-    return f"{type(error).__name__}: {text}"[:200]
-
-
 def _tensors(out) -> list[torch.Tensor]:
     return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-
-
-def _computed_in(outputs: list[torch.Tensor]) -> torch.dtype | None:
-    for t in outputs:
-        if t.is_floating_point() or t.is_complex():
-            return REAL_PART.get(t.dtype, t.dtype)
-    return None
 
 
 def _loss(outputs: list[torch.Tensor]) -> torch.Tensor | None:
@@ -99,7 +83,7 @@ def _loss(outputs: list[torch.Tensor]) -> torch.Tensor | None:
     first = next((t for t in outputs if t.requires_grad), None)
     if first is None:
         return None
-    real = _real(first)
+    real = as_real(first)
     weights = torch.randn(real.shape, generator=torch.Generator().manual_seed(1))
     return (real.float() * weights.to(real.device)).sum()
 
@@ -194,7 +178,7 @@ def _compile(calls: list[Call], device, low, backend, failed: dict[str, str]) ->
         return {c.op: r for c, r in zip(calls, results, strict=True)}
     except Exception as error:  # noqa: BLE001 - what the compiler raised is the measurement
         if len(calls) == 1:
-            failed[calls[0].op] = _first_line(error)
+            failed[calls[0].op] = compiled.error_line(error)
             return {}
         half = len(calls) // 2
         return _compile(calls[:half], device, low, backend, failed) | _compile(
@@ -204,16 +188,12 @@ def _compile(calls: list[Call], device, low, backend, failed: dict[str, str]) ->
 
 def _gap(got: torch.Tensor, want: torch.Tensor) -> float:
     """The largest difference relative to eager's largest entry (0 for two zero tensors)."""
-    got, want = (_real(t.detach()).double() for t in (got, want))
+    got, want = (as_real(t.detach()).double() for t in (got, want))
     both_nan = got.isnan() & want.isnan()
     diff = (got - want).abs().masked_fill(both_nan | (got == want), 0.0)
     scale = want.abs().masked_fill(~want.isfinite(), 0.0).max().item() if want.numel() else 0.0
     worst = diff.max().item() if diff.numel() else 0.0
     return worst / scale if scale > 0 else worst
-
-
-def _real(t: torch.Tensor) -> torch.Tensor:
-    return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
 
 
 def _compare(call: Call, label: str, outputs: list, grads: list | None, low) -> list[str]:
@@ -266,7 +246,7 @@ def measure(
     for label, dtype in variants.items():
         chosen = [n for n in names if dtype != autocast_ops.MIXED or n in mixed_ops]
         calls = [c for c in (_eager(n, device, dtype, low) for n in chosen) if c is not None]
-        calls = [c for c in calls if not found.get(c.op, OpCompiled(c.op)).error]
+        calls = [c for c in calls if not (c.op in found and found[c.op].error)]
         failed: dict[str, str] = {}
         results = {}
         for start in range(0, len(calls), CHUNK):
@@ -277,6 +257,6 @@ def measure(
                 entry.error = failed[call.op]
                 continue
             outputs, grads = results[call.op]
-            entry.computed[label] = _computed_in(outputs)
+            entry.computed[label] = output_dtype(outputs)
             entry.mismatches += _compare(call, f"from {label}", outputs, grads, low)
     return found
