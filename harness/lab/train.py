@@ -153,12 +153,13 @@ def _optimizers(
                 "lambda model, lr: torch.optim.SGD(model.parameters(), lr=lr)"
             )
         return optimizers
-    return (_named_optimizer(choice, model, lr, adam_eps),)
+    return (named_optimizer(choice, model, lr, adam_eps),)
 
 
-def _named_optimizer(
+def named_optimizer(
     name: str, model: torch.nn.Module, lr: float, adam_eps: float | None
 ) -> torch.optim.Optimizer:
+    """The optimizer OPTIMIZERS names, over the model's parameters."""
     if name == "adamw":
         if adam_eps is None:
             return torch.optim.AdamW(model.parameters(), lr=lr)

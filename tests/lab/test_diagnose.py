@@ -17,6 +17,7 @@ from torch import nn
 from harness.cli import main
 from harness.lab import devices, diagnose
 from harness.lab.diagnose import KEEP_IN_FP32, NEEDS_SCALING, SAFE, Subject, examples
+from harness.lab.diagnose import runs as diagnose_runs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS = 4
@@ -80,6 +81,40 @@ def test_pure_fp16_with_adamw_names_the_optimizer_and_with_sgd_is_safe():
     assert eps.status != diagnose.UNSTABLE and "non-finite" not in " ".join(eps.reasons), eps
     assert eps.held == (eps.status == SAFE)
     assert runs["sgd"].status == SAFE
+
+
+def test_adamw_second_moments_lost_to_fp16_are_counted_where_fp32_keeps_them():
+    # Gradients of 1e-4: g^2 x (1 - beta2) is 1e-11, 0 in fp16 and not in fp32. Of 1.0: kept.
+    def lost(dtype: torch.dtype, gradient: float) -> float:
+        kept = diagnose_runs._Kept("adamw", diagnose.fixes.FP16_SAFE_EPS)
+        weight = nn.Parameter(torch.zeros(1000, dtype=dtype))
+        optimizer = kept.build(nn.ParameterList([weight]), 1e-3)
+        weight.grad = torch.full_like(weight, gradient)
+        optimizer.step()
+        return kept.moments_lost()
+
+    assert lost(torch.float16, 1e-4) == 1.0
+    assert lost(torch.float32, 1e-4) == 0.0 and lost(torch.float16, 1.0) == 0.0
+    assert diagnose_runs._Kept("sgd", None).moments_lost() == 0.0  # no second moment to lose
+
+
+@pytest.mark.parametrize("scale", [1.0, 1000.0])
+def test_an_eps_fix_whose_fp16_second_moments_are_zero_does_not_hold(scale):
+    # The harness's MLP as a `half` model: with AdamW eps 1e-4 its losses stay finite, but
+    # nearly every fp16 second moment is 0 (the zoo's gpt2, llama and bert ended 2-39% away
+    # from fp32 after 150 steps this way). Control: outputs x1000, gradients whose squares fp16
+    # holds: the same fix holds.
+    subject = examples.mlp()
+    model = Scaled(subject.model, scale)
+    found = diagnose.diagnose(
+        Subject(model, subject.batches, subject.loss), "cpu", steps=STEPS, names=["half"]
+    )
+    (eps,) = [c for c in found.runs["half"].fixes if "AdamW eps" in c.fix]
+    lost = [r for r in eps.reasons if "second moment of exactly 0 in fp16" in r]
+    if scale == 1.0:
+        assert eps.status == diagnose.OPTIMIZER_IN_FP16 and not eps.held and lost, eps
+    else:
+        assert eps.held and not lost, eps
 
 
 class Scaled(nn.Module):

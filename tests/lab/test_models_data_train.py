@@ -231,7 +231,7 @@ def test_an_optimizer_factory_gets_the_prepared_model_and_the_lr(cpu):
     assert optimizer.defaults["lr"] == 0.25 and optimizer.defaults["momentum"] == 0
     assert len(history.loss) == 3 and optimizer.state_dict()["state"] == {}  # no momentum kept
     # Negative control: the named "sgd" keeps a momentum buffer, as train.OPTIMIZERS states.
-    named = train_module._named_optimizer("sgd", model, 0.25, None)
+    named = train_module.named_optimizer("sgd", model, 0.25, None)
     assert named.defaults["momentum"] == 0.9 and "momentum=0.9" in train_module.OPTIMIZERS["sgd"]
 
 

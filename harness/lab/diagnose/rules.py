@@ -50,6 +50,12 @@ COSINE_MIN = 0.5
 DRIFT_MAX = 0.05
 NOISE_FACTOR = 2.0
 LOSS_FLOOR = 1e-3
+# A half model's AdamW whose fp16 second moments are 0 on more than this share of the entries
+# that have a first moment is flagged (those entries step by m/eps). Set between the zoo's
+# largest share that trained as fp32 over 150 steps (bn_raw with eps 1e-4: 10.6% at step 8;
+# healthy 0.2%, mlp_mse 5.0%) and its smallest that did not (attn_hot: 29.2%; gpt2, llama,
+# bert, t5: 69-84%): docs/diagnose-zoo-table.md. 13 models: a calibration, not a law.
+MOMENTS_LOST_MAX = 0.2
 # The GradScaler's scale falling under 1 means fp16's gradients overflow before any scaling.
 SCALE_FLOOR = 1.0
 # GradScaler starts at 65536, a guess, and halves on each overflow until the gradients fit: those
@@ -144,6 +150,9 @@ class Run:
     underflow: float = 0.0  # at the last step: the gradient share fp16 would flush (see above)
     underflow_steps: list[float] = field(default_factory=list)
     zero_gradients: float = 0.0  # largest fraction of gradient entries exactly 0
+    # AdamW, after the last step: of the entries with a first moment, the share whose second
+    # moment is exactly 0 (fp16 state: g^2 underflowed; such an entry steps by m/eps).
+    moments_lost: float = 0.0
     cosine: float | None = None  # of its first gradient with fp32's
     drift: float = 0.0  # end-window |loss - fp32 loss| / |fp32 loss|
     drift_abs: float = 0.0  # the same gap in the loss's units
@@ -456,20 +465,31 @@ def fix_modules(ops: list[str]) -> tuple[str, ...]:
 def _optimizer_state(run: Run, diagnosis: Diagnosis, found: dict) -> None:
     """A half model's AdamW holds its state in fp16: eps 1e-8 is 0 there and second moments
     underflow, so an update divides by zero once a gradient entry is small. Seen as losses that
-    are finite at step 1 (the weights are the initial ones) and not after."""
+    are finite at step 1 (the weights are the initial ones) and not after. With an eps fp16
+    holds, the same underflow is quieter: the entries whose second moment is 0 step by m/eps,
+    not AdamW's step, and the run leaves fp32's, either way, after the quick look's window."""
     recipe = recipes.get(run.recipe)
     bad = run.first_nonfinite_loss()
     if recipe.param_dtype != torch.float16 or diagnosis.optimizer != "adamw":
         return
-    if bad is None or bad < 2 or not _eps_vanishes():
-        return
-    run.adam_eps = FP16_SAFE_EPS
-    found[OPTIMIZER_IN_FP16] = [
-        f"losses finite at step 1, non-finite from step {bad}: AdamW's eps 1e-8 is 0 in fp16 "
-        "and its second moments underflow there, so its update divides by zero; train with "
-        "autocast (amp-fp16 or amp-bf16: fp32 parameters and optimizer state), or AdamW "
-        "eps >= 1e-4, or SGD"
-    ]
+    reasons = []
+    if bad is not None and bad >= 2 and _eps_vanishes():
+        run.adam_eps = FP16_SAFE_EPS
+        reasons.append(
+            f"losses finite at step 1, non-finite from step {bad}: AdamW's eps 1e-8 is 0 in "
+            "fp16 and its second moments underflow there, so its update divides by zero; train "
+            "with autocast (amp-fp16 or amp-bf16: fp32 parameters and optimizer state), or AdamW "
+            "eps >= 1e-4, or SGD"
+        )
+    if run.moments_lost > MOMENTS_LOST_MAX:
+        reasons.append(
+            f"{run.moments_lost:.1%} of AdamW's entries that have a first moment have a second "
+            "moment of exactly 0 in fp16 (g^2 underflowed; in fp32 none would): they step by "
+            "m/eps, not AdamW's m/sqrt(v), and over longer training such a run leaves fp32's, "
+            "worse or better; train with autocast (amp-fp16 or amp-bf16: fp32 optimizer state)"
+        )
+    if reasons:
+        found[OPTIMIZER_IN_FP16] = reasons
 
 
 def _eps_vanishes() -> bool:

@@ -31,7 +31,7 @@ from harness.lab.autocast import compiled
 from harness.lab.diagnose import kernels
 from harness.lab.diagnose.fixes import Fix, Fixed
 from harness.lab.diagnose.rules import NormState, OpRange, Run
-from harness.lab.train import History, train
+from harness.lab.train import History, named_optimizer, train
 
 SEED = 0
 # fp32's seed spread: one fp32 run per seed (and, in --verify, one per seed on reordered batches).
@@ -226,6 +226,7 @@ def run_recipe(
         model = compiled.fresh(model, backend, fullgraph=False)
     precision = Fixed(recipe, setting.device, fix.modules) if fix else recipe.bind(setting.device)
     limit = _Limit(setting.step_limit_s)
+    kept = _Kept(setting.optimizer, fix.adam_eps if fix else None)
     history = History()
     dtype = _reduced_dtype(recipe)
     conv_inputs, hooks = kernels.record_inputs(model) if watch and dtype else ({}, [])
@@ -236,8 +237,7 @@ def run_recipe(
             with precision, limit.active():
                 history = train(
                     model, precision, replay, steps=len(replay.taken), lr=setting.lr,
-                    optimizer=setting.optimizer, on_step=watcher, watch_forward=log,
-                    adam_eps=fix.adam_eps if fix else None,
+                    optimizer=kept.build, on_step=watcher, watch_forward=log,
                 )  # fmt: skip
                 if held_out:
                     run.held_out_loss = evaluate(model, precision, held_out, replay.loss)
@@ -253,6 +253,7 @@ def run_recipe(
             run.kernel_faults = kernels.probe(initial, conv_inputs, dtype, skip)
     run.loss, run.scale, run.skips = history.loss, history.scale, history.skipped
     run.params_finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    run.moments_lost = kept.moments_lost()
     if run.params_finite and run.first_nonfinite_loss() and not run.error:
         run.fp32_loss = _fp32_loss(model, setting, held_out or replay.taken[-1:], replay.loss)
     if setting.device.type == "cuda" and history.step_time_s[1:]:  # the first step warms up
@@ -261,6 +262,32 @@ def run_recipe(
     if reference_gradient is not None and gradient is not None:
         run.cosine = _cosine(gradient, reference_gradient)
     return run, gradient
+
+
+class _Kept:
+    """The named optimizer, built as train() builds it and kept for a look at its state."""
+
+    def __init__(self, name: str, adam_eps: float | None):
+        self.name, self.adam_eps = name, adam_eps
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def build(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        self.optimizer = named_optimizer(self.name, model, lr, self.adam_eps)
+        return self.optimizer
+
+    def moments_lost(self) -> float:
+        """Of AdamW's entries with a first moment, the share whose second moment is exactly 0:
+        in fp32 a gradient that reached the first moment reaches the second too (g^2 > 0); in
+        fp16 it underflows, and the entry steps by m/eps instead of AdamW's m/sqrt(v)."""
+        if not isinstance(self.optimizer, torch.optim.AdamW):
+            return 0.0
+        live = lost = 0
+        for state in self.optimizer.state.values():
+            if "exp_avg_sq" in state:
+                moving = state["exp_avg"] != 0
+                live += int(moving.sum())
+                lost += int((moving & (state["exp_avg_sq"] == 0)).sum())
+        return lost / live if live else 0.0
 
 
 def seed_spread(
