@@ -272,10 +272,12 @@ def judge(run: Trained, ref: Reference) -> Truth:
 
 
 def truths(
-    factory: Callable, steps: int, recipes: Sequence[str] = RECIPES[1:], **setting
-) -> dict[str, Truth]:
-    """Each recipe's truth over `steps` steps of training; `setting`: the optimizer and lr."""
-    task, ref = reference(factory, steps, **setting)
+    factory: Callable, steps: int, recipes: Sequence[str] = RECIPES[1:],
+    seeds: Sequence[int] = SPREAD_SEEDS, **setting,
+) -> dict[str, Truth]:  # fmt: skip
+    """Each recipe's truth over `steps` steps of training, against fp32's spread over `seeds`;
+    `setting`: the optimizer and lr."""
+    task, ref = reference(factory, steps, seeds, **setting)
     return {recipe: judge(train(task, recipe, **setting), ref) for recipe in recipes}
 
 

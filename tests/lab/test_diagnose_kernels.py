@@ -92,6 +92,25 @@ def test_diagnose_flags_the_faulty_kernel_names_it_and_keeps_it_in_fp32():
     assert check.fix == "amp-bf16 with 2 in fp32" and check.held, check
 
 
+@pytest.mark.parametrize("faults", [["2 (FaultyConv 3x3, ...): 16 of 16 passes"], []])
+def test_a_gradient_off_fp32s_with_a_faulty_kernel_is_the_kernels_not_rounding(faults):
+    # resnet18 under amp-bf16: the faulty kernel's unwritten taps held 6e20, its first gradient's
+    # cosine with fp32's was 0.000, and "loses precision" kept 14 modules in fp32 where one was at
+    # fault. Control: the same cosine without a kernel fault is precision lost.
+    from harness.lab.diagnose.rules import Diagnosis, Run
+
+    reference = Run("fp32", loss=[1.0, 0.9, 0.8, 0.7])
+    run = Run("amp-bf16", loss=[1.0, 0.9, 0.8, 0.7], cosine=0.0, kernel_faults=faults)
+    found = Diagnosis("f", "cpu", torch.__version__, 4, {"fp32": reference, "amp-bf16": run})
+    diagnose.judge(reference, found)
+    diagnose.judge(run, found)
+    if faults:
+        assert run.status == diagnose.UNSTABLE and diagnose.LOSES_PRECISION not in run.findings
+        assert run.keep_fp32 == ["2"], run.keep_fp32
+    else:
+        assert run.status == diagnose.LOSES_PRECISION, run.reasons
+
+
 def test_a_sound_cnn_is_not_flagged_by_the_probe():
     found = diagnose.diagnose(
         lambda: Subject(_cnn(faulty=False), _batches(), nn.functional.cross_entropy),

@@ -544,6 +544,8 @@ def _precision(run: Run, diagnosis: Diagnosis, found: dict) -> None:
         return
     if NEEDS_SCALING in found:  # gradients flushed to zero: the underflow explains it
         return
+    if run.kernel_faults:  # a kernel's unwritten entries (garbage, 6e20) explain it: not rounding
+        return  # _stability names the kernel and keeps its module, not every large op's, in fp32
     suspects = diagnosis.sources(_largest(diagnosis))
     run.keep_fp32.extend(fix_modules(suspects))
     found[LOSES_PRECISION] = [
