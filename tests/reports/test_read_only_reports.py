@@ -22,6 +22,11 @@ READ_ONLY = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@
 def read_only(folder: Path, *args: str) -> subprocess.CompletedProcess:
     """`amp-harness ARGS` with `folder` mounted read-only."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    # A read-only store's lock falls back to the temporary folder (records.tracking._locked):
+    # the test's own, so that no lock file is left in the system's.
+    temporary = folder.parent / "tmp"
+    temporary.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(temporary)
     command = [sys.executable, "-m", "harness.cli", *args]
     done = subprocess.run(
         ["unshare", "-rm", "sh", "-c", READ_ONLY, str(folder), *command],
