@@ -101,7 +101,7 @@ def test_adamw_second_moments_lost_to_fp16_are_counted_where_fp32_keeps_them():
 @pytest.mark.parametrize("scale", [1.0, 1000.0])
 def test_an_eps_fix_whose_fp16_second_moments_are_zero_does_not_hold(scale):
     # The harness's MLP as a `half` model: with AdamW eps 1e-4 its losses stay finite, but
-    # nearly every fp16 second moment is 0 (the zoo's gpt2, llama and bert ended 2-39% away
+    # nearly every fp16 second moment is 0 (the zoo's gpt2, llama and bert ended 1-39% away
     # from fp32 after 150 steps this way). Control: outputs x1000, gradients whose squares fp16
     # holds: the same fix holds.
     subject = examples.mlp()

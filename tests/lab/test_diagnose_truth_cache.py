@@ -29,13 +29,14 @@ def _kept(folder, code: str, seeds: int) -> None:
 
 def test_a_result_of_this_code_and_spread_is_reused(script, tmp_path):
     _kept(tmp_path, script._code_digest(), seeds=4)
-    assert script._cached(tmp_path, "healthy", 150, False, 4)["name"] == "healthy"
+    kept = script._cached(tmp_path, "healthy", 150, False, 4, script._code_digest())
+    assert kept["name"] == "healthy"
 
 
 @pytest.mark.parametrize(("code", "seeds"), [("0123456789abcdef", 4), (None, 2)])
 def test_a_result_of_other_code_or_another_spread_is_computed_again(script, tmp_path, code, seeds):
     _kept(tmp_path, code or script._code_digest(), seeds)
-    assert script._cached(tmp_path, "healthy", 150, False, 4) is None
+    assert script._cached(tmp_path, "healthy", 150, False, 4, script._code_digest()) is None
 
 
 def test_the_digest_covers_diagnose_the_zoo_and_its_truth(script):

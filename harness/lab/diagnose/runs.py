@@ -281,12 +281,17 @@ class _Kept:
         fp16 it underflows, and the entry steps by m/eps instead of AdamW's m/sqrt(v)."""
         if not isinstance(self.optimizer, torch.optim.AdamW):
             return 0.0
-        live = lost = 0
+        counts = []
         for state in self.optimizer.state.values():
             if "exp_avg_sq" in state:
                 moving = state["exp_avg"] != 0
-                live += int(moving.sum())
-                lost += int((moving & (state["exp_avg_sq"] == 0)).sum())
+                counts.append(
+                    torch.stack([moving.sum(), (moving & (state["exp_avg_sq"] == 0)).sum()])
+                )
+        if not counts:
+            return 0.0
+        # One read back: a count per parameter would synchronise a GPU for each.
+        live, lost = torch.stack(counts).sum(0).tolist()
         return lost / live if live else 0.0
 
 
