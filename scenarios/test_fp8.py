@@ -38,12 +38,14 @@ from harness.lab.fp8 import (
     DelayedScaling,
     adjacent,
     cast,
+    column_major,
     current_scaling,
     nearest_even,
     patterns,
     quantised,
     relative_error,
     scale_for,
+    scaled_mm,
     short,
     to_float8_linears,
 )
@@ -273,13 +275,8 @@ def _operands(device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.T
     b = (torch.randn(K, N, generator=g) / 5).to(device)
     sa, sb = (scale_for(x.abs().amax(), E4M3).float() for x in (a, b))
     qa = (a / sa).to(E4M3)
-    qb = (b / sb).to(E4M3).t().contiguous().t()
+    qb = column_major((b / sb).to(E4M3))
     return qa, qb, sa, sb
-
-
-def _scaled_mm(qa, qb, sa, sb, **options) -> torch.Tensor:
-    out = torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, **options)
-    return out[0] if isinstance(out, tuple) else out
 
 
 def _gap(result: torch.Tensor, reference: torch.Tensor) -> float:
@@ -294,13 +291,13 @@ def test_scaled_mm_multiplies_the_dequantised_inputs(amp_device, record):
     qa, qb, sa, sb = _operands(device)
     da, db = qa.double().cpu() * sa.item(), qb.double().cpu() * sb.item()
     reference = (da @ db, da.abs() @ db.abs())
-    out = _scaled_mm(qa, qb, sa, sb, out_dtype=F32)
+    out = scaled_mm(qa, qb, sa, sb, out_dtype=F32)
     gap = _gap(out, reference)
     bound = K * torch.finfo(F32).eps  # float32 accumulation over K terms
-    default = _scaled_mm(qa, qb, sa, sb).dtype  # out_dtype omitted
+    default = scaled_mm(qa, qb, sa, sb).dtype  # out_dtype omitted
     # Negative control: the quantising scales (1 / dequantising), the wrong convention: torch
     # raises nothing and answers wrongly.
-    wrong = _gap(_scaled_mm(qa, qb, 1 / sa, 1 / sb, out_dtype=F32), reference)
+    wrong = _gap(scaled_mm(qa, qb, 1 / sa, 1 / sb, out_dtype=F32), reference)
     record.metric(max_gap_over_bound=gap / bound, inverse_scales_gap=wrong)
     record.param(shape=f"{M}x{K} @ {K}x{N}", default_out_dtype=str(default))
     holds = gap <= bound and default in (E4M3, E5M2)
@@ -327,13 +324,13 @@ def test_rowwise_scales_dequantise_each_row_and_column(amp_device, record):
     b = torch.randn(K, N, generator=g).to(device)
     sa = scale_for(a.abs().amax(dim=1, keepdim=True), E4M3).float()  # (M, 1)
     sb = scale_for(b.abs().amax(dim=0, keepdim=True), E4M3).float()  # (1, N)
-    qa, qb = (a / sa).to(E4M3), (b / sb).to(E4M3).t().contiguous().t()
+    qa, qb = (a / sa).to(E4M3), column_major((b / sb).to(E4M3))
     da, db = qa.double().cpu() * sa.double().cpu(), qb.double().cpu() * sb.double().cpu()
     reference = (da @ db, da.abs() @ db.abs())
-    gap = _gap(_scaled_mm(qa, qb, sa, sb, out_dtype=torch.bfloat16), reference)
+    gap = _gap(scaled_mm(qa, qb, sa, sb, out_dtype=torch.bfloat16), reference)
     bound = 2.0**-8 + K * torch.finfo(F32).eps  # the bfloat16 result's rounding
     # Negative control: the rows' scales swapped end for end: the wrong scale per row.
-    swapped = _gap(_scaled_mm(qa, qb, sa.flip(0), sb, out_dtype=torch.bfloat16), reference)
+    swapped = _gap(scaled_mm(qa, qb, sa.flip(0), sb, out_dtype=torch.bfloat16), reference)
     record.metric(rowwise_max_gap=gap, rowwise_swapped_gap=swapped)
     where = CPU_ONLY_CONTRACT if device.type == "cpu" else f"measured on {amp_device.describe()}"
     record.verdict(
@@ -680,19 +677,19 @@ def test_delayed_scaling_saturates_a_spike(amp_device, record):
 # --- CUDA's contract, with what the CPU accepts of it -------------------------------------------
 
 CONTRACT_CASES = {
-    "shapes not divisible by 16": dict(m=24, k=40, n=24, column_major=True, dtypes=(E4M3, E4M3)),
-    "a row-major second operand": dict(m=32, k=32, n=32, column_major=False, dtypes=(E4M3, E4M3)),
-    "e5m2 x e5m2": dict(m=32, k=32, n=32, column_major=True, dtypes=(E5M2, E5M2)),
+    "shapes not divisible by 16": dict(m=24, k=40, n=24, b_column_major=True, dtypes=(E4M3, E4M3)),
+    "a row-major second operand": dict(m=32, k=32, n=32, b_column_major=False, dtypes=(E4M3, E4M3)),
+    "e5m2 x e5m2": dict(m=32, k=32, n=32, b_column_major=True, dtypes=(E5M2, E5M2)),
 }
 
 
-def accepts(device: str, m: int, k: int, n: int, column_major: bool, dtypes) -> bool:
+def accepts(device: str, m: int, k: int, n: int, b_column_major: bool, dtypes) -> bool:
     a = torch.randn(m, k, device=device).to(dtypes[0])
     b = torch.randn(k, n, device=device).to(dtypes[1])
-    b = b.t().contiguous().t() if column_major else b
+    b = column_major(b) if b_column_major else b
     unit = torch.ones((), device=device)
     try:
-        _scaled_mm(a, b, unit, unit, out_dtype=F32)
+        scaled_mm(a, b, unit, unit, out_dtype=F32)
     except (RuntimeError, NotImplementedError):
         return False
     return True
@@ -740,9 +737,9 @@ def accumulation_errors(device, ks=FAST_ACCUM_K) -> dict[bool, list[float]]:
         a = (torch.rand(FAST_ACCUM_MN, k, generator=g) * 0.5 + 0.5).to(E4M3)
         b = (torch.rand(k, FAST_ACCUM_MN, generator=g) * 0.5 + 0.5).to(E4M3)
         exact = a.double() @ b.double()  # products of e4m3 values, summed in float64
-        a, b = a.to(device), b.to(device).t().contiguous().t()
+        a, b = a.to(device), column_major(b.to(device))
         for fast in errors:
-            out = _scaled_mm(a, b, unit, unit, out_dtype=F32, use_fast_accum=fast)
+            out = scaled_mm(a, b, unit, unit, out_dtype=F32, use_fast_accum=fast)
             errors[fast].append(((out.double().cpu() - exact).abs() / exact).max().item())
     return errors
 

@@ -32,10 +32,9 @@ from functools import partial
 
 import pytest
 import torch
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from harness.lab import measure, models, recipes, speedups, tf32
+from harness.lab import figures, measure, models, recipes, speedups, tf32
+from harness.lab.fp8 import prequantised_gemm
 from harness.lab.measure import Comparison, Ratio
 from harness.lab.models import TOLERANCE
 
@@ -301,17 +300,7 @@ def _lowered(x: torch.Tensor, fmt: str) -> torch.Tensor:
         return x.half()
     if fmt == "bf16":
         return x.bfloat16()
-    if fmt == "fp8":
-        return x.to(torch.float8_e4m3fn)
     return x
-
-
-def _fp8_matmul(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """a @ b in float8_e4m3fn with unit scales and bfloat16 output (cuBLASLt's fp8 GEMM)."""
-    # cuBLASLt takes the second operand column-major: b's values, stored transposed.
-    a8, b8 = _lowered(a, "fp8"), _lowered(b, "fp8").t().contiguous().t()
-    one = torch.ones((), device=a.device)
-    return partial(torch._scaled_mm, a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
 
 def _matmul_arms(amp_device, fp8: bool, tf32: bool) -> dict[str, Callable[[], None]]:
@@ -329,7 +318,7 @@ def _matmul_arms(amp_device, fp8: bool, tf32: bool) -> dict[str, Callable[[], No
     # shortest arm, so its timing is the noisiest relative to its time, and cheap to repeat.
     arms["fp16-again"] = arms["fp16"]
     if fp8:
-        arms["fp8"] = strict.wrap(_fp8_matmul(a, b))
+        arms["fp8"] = strict.wrap(prequantised_gemm(a, b))
     return arms
 
 
@@ -391,7 +380,8 @@ def test_half_precision_matmul_speed(record, amp_device, benchmark):
             *SPEED_BAND, *about(SPEED_BAND, SPEED_TOLERANCE)
         ),
         aa_control_threshold=THRESHOLD,
-        fp8=fp8_reason or "torch._scaled_mm, float8_e4m3fn inputs, bfloat16 output",
+        fp8=fp8_reason
+        or "torch._scaled_mm, float8_e4m3fn inputs quantised beforehand, bfloat16 output",
         tf32=str(tf32_lack) if tf32_lack else "torch.mm with TF32 allowed",
         **{f"fp32_arm.{flag}": on for flag, on in strict_flags.items()},
     )
@@ -539,39 +529,6 @@ def _training_arms(size: Size, amp_device) -> Arms:
     return arms
 
 
-def _speedup_figure(counts: list[int], series: dict[str, list[Ratio]]) -> Figure:
-    """Speed-up against parameters (log-log), one line per arm and baseline, 95% intervals."""
-    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
-    ax = fig.subplots()
-    for name, ratios in series.items():
-        values = [r.value for r in ratios]
-        below = [max(0.0, r.value - r.low) for r in ratios]
-        above = [max(0.0, r.high - r.value) for r in ratios]
-        ax.errorbar(
-            counts,
-            values,
-            yerr=[below, above],
-            label=name.replace("_over_", " over "),
-            marker="o",
-            capsize=3,
-            linestyle="--" if name == speedups.CONTROL else "-",
-        )
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.axhline(THRESHOLD, color="grey", linewidth=0.8, linestyle=":", label=f"{THRESHOLD}x")
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="parameters",
-        ylabel="speed-up of one training step",
-        title=f"AMP speed-up against model size ({BATCH}x{SEQ_LEN} tokens a step, AdamW)",
-    )
-    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 0.5x 1x 2x 5x 10x ...
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}x"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.legend(fontsize="x-small")
-    return fig
-
-
 def _model_tflops(params: int, tokens: int, comparison: Comparison, arm: str) -> float:
     """Model flop (6 x parameters x tokens: forward and backward, attention left out) per
     second of the arm's median step."""
@@ -655,7 +612,14 @@ def test_amp_training_step_speedup_by_model_size(record, amp_device, benchmark):
             for arm in comparisons[size.label].times
         },
     )
-    record.figure("speedup_by_size", _speedup_figure(counts, series))
+    record.figure(
+        "speedup_by_size",
+        figures.speedups(
+            counts, series, "parameters", "speed-up of one training step",
+            f"AMP speed-up against model size ({BATCH}x{SEQ_LEN} tokens a step, AdamW)",
+            lines={THRESHOLD: f"{THRESHOLD}x"}, dashed={speedups.CONTROL},
+        ),
+    )  # fmt: skip
 
     deciding, controls = series[DECIDING], series[speedups.CONTROL]
     small, small_reason = verdict_small_no_gain(nominal, deciding, THRESHOLD, controls=controls)

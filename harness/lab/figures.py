@@ -1,5 +1,5 @@
-"""Figures that several scenarios log: training curves side by side, per recipe, and a statistic
-against the largest value its dtype holds.
+"""Figures that several scenarios log: training curves side by side, per recipe, a statistic
+against the largest value its dtype holds, and speed-ups with their intervals against a size.
 
 Read as evidence, a figure must not hide a run: runs get distinct line styles and markers, a
 run whose values coincide with an earlier one's says so in the legend ("amp-bf16 (identical to
@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 # The article's early-warning signals (PRACTICE-SMOKE), in the order a person reads them.
 PANELS = (
@@ -92,5 +93,43 @@ def against_limit(
             ax.plot([broken + 1], [limit], marker="X", markersize=8, color=line.get_color())
     ax.axhline(limit, color="black", linewidth=0.8, linestyle="--", label=limit_label)
     ax.set(title=title, xlabel="step", ylabel=ylabel, yscale="log")
+    ax.legend(fontsize="x-small")
+    return fig
+
+
+def speedups(
+    sizes: list[float],
+    series: dict[str, list],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    lines: dict[float, str] | None = None,
+    dashed: set[str] = frozenset(),
+) -> Figure:
+    """Speed-ups (harness.lab.measure.Ratio: value and interval) against a size, log-log, one
+    line per series with its intervals as error bars; `lines`: horizontal marks (a threshold, a
+    target) by value and label, besides 1x; `dashed`: series drawn dashed (an A/A control)."""
+    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
+    ax = fig.subplots()
+    for name, ratios in series.items():
+        ax.errorbar(
+            sizes,
+            [r.value for r in ratios],
+            yerr=[
+                [max(0.0, r.value - r.low) for r in ratios],
+                [max(0.0, r.high - r.value) for r in ratios],
+            ],  # fmt: skip
+            label=name.replace("_over_", " over "),
+            marker="o",
+            capsize=3,
+            linestyle="--" if name in dashed else "-",
+        )
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    for value, label in (lines or {}).items():
+        ax.axhline(value, color="grey", linewidth=0.8, linestyle=":", label=label)
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 0.5x 1x 2x 5x 10x ...
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}x"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.legend(fontsize="x-small")
     return fig

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -128,6 +129,51 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor, mask: torch.Tensor
     exact, approx = exact.double(), approx.double()
     keep = (exact != 0) if mask is None else mask & (exact != 0)
     return ((approx - exact).abs()[keep] / exact.abs()[keep]).median().item()
+
+
+# --- FP8 GEMMs as a GPU runs them (scenarios/test_fp8_speed.py, test_speed.py) --------------------
+
+
+def scaled_mm(qa: torch.Tensor, qb: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+              **options) -> torch.Tensor:  # fmt: skip
+    """torch._scaled_mm's product (`scale_a`, `scale_b` dequantise); some releases return it
+    in a tuple with an amax."""
+    out = torch._scaled_mm(qa, qb, scale_a=scale_a, scale_b=scale_b, **options)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def column_major(x: torch.Tensor) -> torch.Tensor:
+    """`x`'s values stored transposed: the layout cuBLASLt takes an FP8 GEMM's second operand
+    in (a weight's transpose, as nn.Linear uses it, is already so)."""
+    return x.t().contiguous().t()
+
+
+def quantise_tensorwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` in E4M3 with one dynamic scale (its own amax, floored) and that dequantising scale in
+    float32, the operands `_scaled_mm` takes: what dynamic tensorwise scaling does to each GEMM
+    input every step. The cast keeps `x`'s layout (a column-major `x` stays so)."""
+    scale = scale_for(x.abs().amax(), E4M3).float()
+    return (x / scale).to(E4M3), scale
+
+
+def prequantised_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16):
+    """A call of a @ b's FP8 kernel alone, its inputs quantised once beforehand (Transformer
+    Engine's "pre-quantized" GEMM): tensorwise scales, `b` column-major, `out_dtype` out."""
+    (qa, sa), (qb, sb) = quantise_tensorwise(a), quantise_tensorwise(column_major(b))
+    return partial(scaled_mm, qa, qb, sa, sb, out_dtype=out_dtype)
+
+
+def quantising_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16):
+    """A call of a @ b from high-precision inputs that quantises both on every call (amax,
+    scale, cast), then runs the FP8 kernel: what a training step with dynamic tensorwise scaling
+    pays per GEMM (Transformer Engine's "autocast" number), unfused, as eager runs it."""
+    b = column_major(b)
+
+    def call() -> torch.Tensor:
+        (qa, sa), (qb, sb) = quantise_tensorwise(a), quantise_tensorwise(b)
+        return scaled_mm(qa, qb, sa, sb, out_dtype=out_dtype)
+
+    return call
 
 
 # --- delayed scaling: a reference model of Transformer Engine's recipe --------------------------

@@ -34,6 +34,7 @@ BENCHMARK_SHARE = 1.25  # pytest-benchmark's own rounds of one arm on top of the
 # Small models are bound by kernel launches, not by arithmetic: a pessimistic cost of one
 # training step (harness.lab.train's monitored loop reads the loss, scale and norm back each step).
 SMALL_STEP_S = 0.003
+LAUNCH_S = 0.0002  # one small GEMM and the kernels that quantise its inputs, launched from Python
 # tests/lab/test_measure.py's one CUDA test: an 8192^2 fp16 matmul, 60 timed calls and Triton's
 # do_bench (0.2 s of repetitions), well under this.
 MEASURE_S = 2.0
@@ -122,9 +123,24 @@ def convergence_seconds() -> dict[str, float]:
     }
 
 
+def fp8_speed_seconds() -> dict[str, float]:
+    """scenarios/test_fp8_speed.py: per shape, four arms (two bf16, two FP8) of `repeats` GEMMs
+    a call, over the warm-up and the rounds: their arithmetic, and a pessimistic LAUNCH_S for
+    each GEMM with its quantisation (about ten kernels), which is what the small shapes cost."""
+    scenario = load_scenario("test_fp8_speed.py")
+    calls = len(scenario.ARMS) * (scenario.WARMUP + scenario.ROUNDS)
+    return {
+        f"FP8-SPEEDUP-BY-SHAPE {n}": calls
+        * scenario.repeats(n)
+        * (2 * n**3 / TENSOR_CORES + LAUNCH_S)
+        for n in scenario.SHAPES
+    }
+
+
 def scenario_seconds() -> dict[str, float]:
     return {
         **{f"speed: {n}": BENCHMARK_SHARE * s for n, s in speed_seconds().items()},
+        **{f"fp8_speed: {n}": BENCHMARK_SHARE * s for n, s in fp8_speed_seconds().items()},
         **{f"memory_speed: {n}": BENCHMARK_SHARE * s for n, s in memory_speed_seconds().items()},
         **{f"convergence: {n}": s for n, s in convergence_seconds().items()},
     }
@@ -188,6 +204,7 @@ def test_the_whole_gpu_check_fits_its_budget_counting_every_rerun():
 def test_every_timed_comparison_has_the_rounds_its_interval_needs():
     speed, memory_speed = load_scenario("test_speed.py"), load_scenario("test_memory_speed.py")
     rounds = {
+        "FP8-SPEEDUP-BY-SHAPE ROUNDS": load_scenario("test_fp8_speed.py").ROUNDS,
         "MATMUL_ROUNDS": speed.MATMUL_ROUNDS,
         "ADD_ROUNDS": speed.ADD_ROUNDS,
         **{f"SIZES {s.label}": s.rounds for s in speed.SIZES},

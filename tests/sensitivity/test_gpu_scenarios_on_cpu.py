@@ -22,7 +22,7 @@ import pytest
 import torch
 from conftest import Toy, assert_failed_on, assert_fails_naming, load_scenario
 
-from harness.lab import devices, measure
+from harness.lab import devices, fp8, measure
 from harness.records.journal import JOURNAL_NAME, Journal
 
 # torch's tensor-level memory tracker (torch 2.5 and newer): the CPU's stand-in for the CUDA
@@ -93,6 +93,12 @@ MEMORY_SPEED = Toy(
     ROUNDS=FEW,
     WARMUP=1,
 )
+FP8_SPEED = Toy(SHAPES=(32, 64), ROUNDS=FEW, WARMUP=1, CALL_FLOPS=2 * 64**3)
+TOYS = {
+    "test_speed.py": SPEED,
+    "test_memory_speed.py": MEMORY_SPEED,
+    "test_fp8_speed.py": FP8_SPEED,
+}
 
 
 def _reached_verdicts(result: pytest.RunResult, pytester: pytest.Pytester, tests: int) -> None:
@@ -146,6 +152,19 @@ def test_memory_and_speed_scenarios_run_to_their_verdicts(
     _reached_verdicts(result, pytester, tests=3)
 
 
+@pytest.fixture
+def fp8_gemms_waived(monkeypatch):
+    """`cuda` and `fp8_matmul` waived, where the CPU has a _scaled_mm to rehearse on."""
+    if devices.probe("cpu").missing("fp8_scaled_mm"):
+        pytest.skip("this torch has no CPU _scaled_mm (from 2.9): nothing to rehearse on")
+    _waive(monkeypatch, (*WAIVED, "fp8_matmul"))
+
+
+def test_fp8_speed_scenario_runs_to_its_verdict(run_scenario, pytester, fp8_gemms_waived):
+    result = run_scenario("test_fp8_speed.py", plugins=(FP8_SPEED,))
+    _reached_verdicts(result, pytester, tests=1)
+
+
 def test_fp8_gpu_claims_run_to_their_verdicts_and_fail_only_on_predictions(
     run_scenario, pytester, cuda_waived
 ):
@@ -165,6 +184,8 @@ def test_fp8_gpu_claims_run_to_their_verdicts_and_fail_only_on_predictions(
 TRAINING_STEP = {"fp32": 1.0, "tf32": 0.6, "amp-fp16": 0.5, "amp-bf16": 0.5}  # AMP 2x
 MATMUL = {"fp32": 1.0, "tf32": 0.5, "fp16": 0.25, "bf16": 0.25, "fp8": 0.125}  # fp16 4x: 2-8x
 ADD = {"fp32": 1.0, "fp16": 0.5}  # half the bytes: 2x
+# FP8 over bf16: the kernel 2x (the peak ratio), with its quantisation 1.5x bf16's time.
+FP8_BY_SHAPE = {"bf16": 1.0, "fp8": 0.5, "fp8-quantising": 1.5}
 ROUNDS = 15
 
 
@@ -175,7 +196,12 @@ def _synthetic_compare(control: str):
 
     def compare(arms, device_type, rounds=20, warmup=3):
         rng = np.random.default_rng(len(arms))
-        relative = ADD if set(arms) == set(ADD) else MATMUL if "fp16" in arms else TRAINING_STEP
+        relative = (
+            ADD if set(arms) == set(ADD)
+            else MATMUL if "fp16" in arms
+            else FP8_BY_SHAPE if "fp8-quantising" in arms
+            else TRAINING_STEP
+        )  # fmt: skip
         times = {}
         for arm in arms:
             base = relative[arm.removesuffix("-again")] * (1 + 0.01 * rng.standard_normal(ROUNDS))
@@ -198,18 +224,25 @@ TIMED = {  # module, its timing test, the claims it records, the one its control
         "PIT4-SMALL-NO-GAIN",
     ),
     "HDL-SPEED": ("test_memory_speed.py", "speedup", ("HDL-SPEED",), "HDL-SPEED"),
+    "FP8 by shape": (
+        "test_fp8_speed.py",
+        "shape",
+        ("FP8-SPEEDUP-BY-SHAPE",),
+        "FP8-SPEEDUP-BY-SHAPE",
+    ),
 }
 
 
 @pytest.mark.parametrize("comparison", TIMED)
 @pytest.mark.parametrize("control", ["tight", "wide", "apart"])
 def test_timing_verdicts_follow_the_a_a_control(
-    run_scenario, pytester, cuda_waived, monkeypatch, comparison, control
+    run_scenario, pytester, cuda_waived, monkeypatch, request, comparison, control
 ):
     module, test, claims, named = TIMED[comparison]
+    if module == "test_fp8_speed.py":
+        request.getfixturevalue("fp8_gemms_waived")
     monkeypatch.setattr(measure, "compare", _synthetic_compare(control))
-    toy = SPEED if module == "test_speed.py" else MEMORY_SPEED
-    result = run_scenario(module, "-k", test, plugins=(toy,))
+    result = run_scenario(module, "-k", test, plugins=(TOYS[module],))
     (session,) = Journal(pytester.path / "reports" / JOURNAL_NAME).sessions().values()
     (record,) = session.records
     verdicts = {claim: record.verdicts[claim] for claim in claims}
@@ -241,6 +274,26 @@ def test_an_amp_fp16_without_gain_at_the_largest_size_fails(run_scenario, cuda_w
     assert_failed_on(result, "*predicted amp-fp16 more than 1.1x faster than fp32*")
 
 
+@pytest.mark.parametrize(
+    ("arm", "relative", "said"),
+    [
+        ("fp8", 1.0, "*predicted the FP8 kernel above 1.5x bf16's speed at 64*"),
+        ("fp8-quantising", 0.8, "*predicted FP8 with its quantisation slower than bf16 at 32*"),
+    ],
+    ids=["kernel no faster", "quantisation free"],
+)
+def test_fp8_by_shape_fails_where_its_prediction_breaks(
+    run_scenario, fp8_gemms_waived, monkeypatch, arm, relative, said
+):
+    """An FP8 kernel as slow as bf16 at the largest shape, or FP8 with its quantisation faster
+    than bf16 at the smallest, fails the scenario naming the claim (with its control holding)."""
+    monkeypatch.setitem(FP8_BY_SHAPE, arm, relative)
+    monkeypatch.setattr(measure, "compare", _synthetic_compare("tight"))
+    result = run_scenario("test_fp8_speed.py", plugins=(FP8_SPEED,))
+    assert_fails_naming(result, "FP8-SPEEDUP-BY-SHAPE")
+    assert_failed_on(result, said)
+
+
 def _fp8_on_cpu() -> str | None:
     try:
         torch._scaled_mm(
@@ -254,20 +307,27 @@ def _fp8_on_cpu() -> str | None:
     return None
 
 
-def test_the_fp8_arm_is_a_valid_scaled_mm_at_full_size():
+GEMMS = {"prequantised": fp8.prequantised_gemm, "quantising": fp8.quantising_gemm}
+
+
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_the_fp8_arms_are_valid_scaled_mms_at_full_size(gemm):
     # torch's meta kernel checks what cuBLASLt needs (float8 inputs, the second operand
-    # column-major, sizes multiple of 16, float32 unit scales) without computing anything.
-    speed = load_scenario("test_speed.py")
-    a = torch.empty(speed.MATMUL_N, speed.MATMUL_N, device="meta")
-    out = speed._fp8_matmul(a, a)()
-    assert out.shape == (speed.MATMUL_N, speed.MATMUL_N) and out.dtype == torch.bfloat16
+    # column-major, sizes multiple of 16, float32 scales) without computing anything: at
+    # FMT-SPEED's size and at every shape of FP8-SPEEDUP-BY-SHAPE.
+    sizes = (load_scenario("test_speed.py").MATMUL_N, *load_scenario("test_fp8_speed.py").SHAPES)
+    for n in sizes:
+        a = torch.empty(n, n, device="meta", dtype=torch.bfloat16)
+        out = GEMMS[gemm](a, a)()
+        assert out.shape == (n, n) and out.dtype == torch.bfloat16, (n, out)
 
 
 @pytest.mark.skipif(_fp8_on_cpu() is not None, reason=str(_fp8_on_cpu()))
-def test_the_fp8_arm_multiplies_a_by_b():
-    # Timing would not tell a @ b from a @ b.T; the product's values do (e4m3: 3 mantissa bits).
-    speed = load_scenario("test_speed.py")
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_the_fp8_arms_multiply_a_by_b(gemm):
+    # Timing would not tell a @ b from a @ b.T, nor a wrong scale; the product's values do
+    # (e4m3: 3 mantissa bits). Inputs far from 1, so that a scale left out shows.
     generator = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(64, 64, generator=generator) for _ in range(2))
-    error = (speed._fp8_matmul(a, b)().float() - a @ b).norm() / (a @ b).norm()
+    a, b = (torch.randn(64, 64, generator=generator) * 1e-3 for _ in range(2))
+    error = (GEMMS[gemm](a, b)().float() - a @ b).norm() / (a @ b).norm()
     assert error < 0.1, f"fp8 product off by {error:.2f} of a @ b"
