@@ -154,6 +154,10 @@ class Run:
     # moment is exactly 0 (fp16 state: g^2 underflowed; such an entry steps by m/eps).
     moments_lost: float = 0.0
     cosine: float | None = None  # of its first gradient with fp32's
+    # Where `cosine` is under COSINE_MIN: fp32's own first gradient against itself with the
+    # weights rounded to this run's 16-bit dtype. Low too, the direction is chaotic at these
+    # weights (softmax saturated by logits of 1e5) and the cosine says nothing of precision.
+    rounding_cosine: float | None = None
     drift: float = 0.0  # end-window |loss - fp32 loss| / |fp32 loss|
     drift_abs: float = 0.0  # the same gap in the loss's units
     speedup: float | None = None  # fp32's median step time over this recipe's (CUDA)
@@ -546,13 +550,40 @@ def _precision(run: Run, diagnosis: Diagnosis, found: dict) -> None:
         return
     if run.kernel_faults:  # a kernel's unwritten entries (garbage, 6e20) explain it: not rounding
         return  # _stability names the kernel and keeps its module, not every large op's, in fp32
-    suspects = diagnosis.sources(_largest(diagnosis))
+    largest = _largest(diagnosis)
+    lost = "the direction is lost to rounding"
+    if chaotic(run):
+        # fp32's own direction turns as far under a rounding of its weights: the cosine cannot
+        # tell this run's precision from the model's sensitivity. What is left as evidence is
+        # where the rounding falls: on the ops that hold the largest values, or not (a fix that
+        # keeps them in fp32 trains as fp32 does; _safe says why the cosine decided nothing).
+        largest = [op for op in largest if op in run.ops and run.ops[op].dtype != "float32"]
+        if not largest:
+            return
+        lost = (
+            f"fp32's own turns as far (cosine {run.rounding_cosine:.3f}) when its weights are "
+            f"rounded to {_dtype_name(run)}, so the cosine alone proves nothing, but the ops with "
+            f"the largest values compute in {_dtype_name(run)} here"
+        )
+    suspects = diagnosis.sources(largest)
     run.keep_fp32.extend(fix_modules(suspects))
     found[LOSES_PRECISION] = [
         f"its first gradient, from fp32's weights and batch, has a cosine of {run.cosine:.3f} "
-        f"with fp32's (at least {COSINE_MIN}): the direction is lost to rounding; the largest "
-        f"values are in {', '.join(suspects)} (keep {', '.join(_modules_named(suspects))} in fp32)"
+        f"with fp32's (at least {COSINE_MIN}): {lost}; the largest values are in "
+        f"{', '.join(suspects)} (keep {', '.join(_modules_named(suspects))} in fp32)"
     ]
+
+
+def chaotic(run: Run) -> bool:
+    """fp32's own first gradient loses its direction when its weights are rounded to the run's
+    dtype (measured only where the run's cosine is low)."""
+    return run.rounding_cosine is not None and not run.rounding_cosine >= COSINE_MIN
+
+
+def _dtype_name(run: Run) -> str:
+    recipe = recipes.get(run.recipe)
+    dtype = recipe.autocast_dtype or recipe.param_dtype
+    return str(dtype).removeprefix("torch.")
 
 
 def _largest(diagnosis: Diagnosis) -> list[str]:
@@ -679,6 +710,12 @@ def _safe(run: Run, diagnosis: Diagnosis) -> str:
         words.append(diagnosis.noise_note)
     if run.cosine is not None:
         words.append(f"first gradient's cosine with fp32's {run.cosine:.3f}")
+    if chaotic(run):
+        words.append(
+            f"the cosine decides nothing here: fp32's own first gradient turns to a cosine of "
+            f"{run.rounding_cosine:.3f} when its weights are rounded to {_dtype_name(run)}, and "
+            "the ops with the largest values compute in float32 in this run"
+        )
     recipe = recipes.get(run.recipe)
     unscaled_fp16 = (
         torch.float16 in (recipe.autocast_dtype, recipe.param_dtype) and not recipe.scaler

@@ -30,7 +30,7 @@ from harness.lab import devices, probes, recipes
 from harness.lab.autocast import compiled
 from harness.lab.diagnose import kernels
 from harness.lab.diagnose.fixes import Fix, Fixed
-from harness.lab.diagnose.rules import NormState, OpRange, Run
+from harness.lab.diagnose.rules import COSINE_MIN, REFERENCE, NormState, OpRange, Run
 from harness.lab.train import History, named_optimizer, train
 
 SEED = 0
@@ -261,7 +261,38 @@ def run_recipe(
     gradient = watcher.first_gradient
     if reference_gradient is not None and gradient is not None:
         run.cosine = _cosine(gradient, reference_gradient)
+    if dtype is not None and run.cosine is not None and run.cosine < COSINE_MIN:
+        with limit.active():
+            run.rounding_cosine = rounding_cosine(initial, replay, setting, dtype)
     return run, gradient
+
+
+def rounding_cosine(
+    initial: nn.Module, replay: Replay, setting: Setting, dtype: torch.dtype
+) -> float | None:
+    """The cosine of fp32's first gradient with fp32's first gradient from the same weights
+    rounded to `dtype` (both computed here alike, on the first batch, the same dropout masks):
+    near 1 on most models; near 0 where the direction at these weights is chaotic, so that any
+    rounding, and any training step, turns it."""
+    fp32 = recipes.get(REFERENCE).bind(setting.device)
+    return _cosine(*(_first_gradient(initial, replay, fp32, to) for to in (None, dtype)))
+
+
+def _first_gradient(
+    initial: nn.Module, replay: Replay, fp32: recipes.Precision, rounded_to: torch.dtype | None
+) -> torch.Tensor:
+    torch.manual_seed(SEED)
+    model = fp32.prepare(copy.deepcopy(initial))
+    model.train()
+    if rounded_to is not None:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(rounded_to).to(p.dtype))
+    x, y = replay.taken[0]
+    with fp32, fp32.forward():
+        replay.loss(model(fp32.cast_input(x)), y.to(fp32.device.torch_device)).backward()
+    return torch.cat([p.grad.detach().float().flatten()
+                      for p in model.parameters() if p.grad is not None])  # fmt: skip
 
 
 class _Kept:
