@@ -122,7 +122,7 @@ def test_fp8_speedup_over_bf16_grows_with_the_gemm_shape(record, amp_device, ben
               for arm in ("bf16", "fp8", "fp8-quantising")}  # fmt: skip
 
     record.param(
-        shapes="x".join(map(str, SHAPES)) + " (M = N = K)",
+        shapes=", ".join(map(str, SHAPES)) + " (M = N = K)",
         rounds=ROUNDS,
         call_flops=CALL_FLOPS,
         arms=", ".join(ARMS),
