@@ -62,6 +62,13 @@ class Recipe:
         if problem:
             raise HarnessError(f"{_builder()}: Recipe({self.name!r}): {problem}")
 
+    @property
+    def reduced_dtype(self) -> torch.dtype | None:
+        """The 16-bit dtype the recipe computes in (its autocast's, or its parameters'), if any."""
+        if self.autocast_dtype is not None:
+            return self.autocast_dtype
+        return self.param_dtype if self.param_dtype != torch.float32 else None
+
     def unsupported_reason(self, device: DeviceInfo) -> str | None:
         reason = device.missing(*self.needs)
         return f"recipe {self.name} {reason}" if reason else None

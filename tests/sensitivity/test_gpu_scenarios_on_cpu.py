@@ -166,13 +166,11 @@ def test_fp8_speed_scenario_runs_to_its_verdict(run_scenario, pytester, fp8_gemm
 
 
 def test_fp8_gpu_claims_run_to_their_verdicts_and_fail_only_on_predictions(
-    run_scenario, pytester, cuda_waived
+    run_scenario, pytester, fp8_gemms_waived
 ):
     """FP8-CUDA-SCALED-MM-CONTRACT and FP8-FAST-ACCUM, rehearsed on the CPU's _scaled_mm: it
     accepts what CUDA refuses and has no short accumulator, so both predictions fail here,
     each naming its claim, and every line of the GPU path ran."""
-    if devices.probe("cpu").missing("fp8_scaled_mm"):
-        pytest.skip("this torch has no CPU _scaled_mm (from 2.9): nothing to rehearse on")
     result = run_scenario("test_fp8.py", "-k", "cuda_refuses or fast_accumulation")
     _reached_verdicts(result, pytester, tests=2)
     assert_fails_naming(result, "FP8-CUDA-SCALED-MM-CONTRACT", failed=2)

@@ -581,9 +581,7 @@ def chaotic(run: Run) -> bool:
 
 
 def _dtype_name(run: Run) -> str:
-    recipe = recipes.get(run.recipe)
-    dtype = recipe.autocast_dtype or recipe.param_dtype
-    return str(dtype).removeprefix("torch.")
+    return str(recipes.get(run.recipe).reduced_dtype).removeprefix("torch.")
 
 
 def _largest(diagnosis: Diagnosis) -> list[str]:

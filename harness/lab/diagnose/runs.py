@@ -141,12 +141,10 @@ class _Watch:
             state.stat_nonfinite = sum(int((~torch.isfinite(s)).sum()) for s in stats)
 
     def _gradients(self, model: nn.Module) -> None:
-        grads = [p.grad.detach().float().flatten()
-                 for p in model.parameters() if p.grad is not None]  # fmt: skip
-        if not grads:
-            return
         # One vector, one read back: a reduction per parameter would synchronise a GPU for each.
-        flat = torch.cat(grads)
+        flat = _flat_gradient(model)
+        if flat is None:
+            return
         if self.step == 1:
             self.first_gradient = flat
         nonzero = flat != 0
@@ -228,7 +226,7 @@ def run_recipe(
     limit = _Limit(setting.step_limit_s)
     kept = _Kept(setting.optimizer, fix.adam_eps if fix else None)
     history = History()
-    dtype = _reduced_dtype(recipe)
+    dtype = recipe.reduced_dtype
     conv_inputs, hooks = kernels.record_inputs(model) if watch and dtype else ({}, [])
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(probes.op_ranges(model)) if watch else None
@@ -275,12 +273,13 @@ def rounding_cosine(
     near 1 on most models; near 0 where the direction at these weights is chaotic, so that any
     rounding, and any training step, turns it."""
     fp32 = recipes.get(REFERENCE).bind(setting.device)
-    return _cosine(*(_first_gradient(initial, replay, fp32, to) for to in (None, dtype)))
+    own, rounded = (_first_gradient(initial, replay, fp32, to) for to in (None, dtype))
+    return None if own is None or rounded is None else _cosine(own, rounded)
 
 
 def _first_gradient(
     initial: nn.Module, replay: Replay, fp32: recipes.Precision, rounded_to: torch.dtype | None
-) -> torch.Tensor:
+) -> torch.Tensor | None:
     torch.manual_seed(SEED)
     model = fp32.prepare(copy.deepcopy(initial))
     model.train()
@@ -291,8 +290,13 @@ def _first_gradient(
     x, y = replay.taken[0]
     with fp32, fp32.forward():
         replay.loss(model(fp32.cast_input(x)), y.to(fp32.device.torch_device)).backward()
-    return torch.cat([p.grad.detach().float().flatten()
-                      for p in model.parameters() if p.grad is not None])  # fmt: skip
+    return _flat_gradient(model)
+
+
+def _flat_gradient(model: nn.Module) -> torch.Tensor | None:
+    """Every parameter's gradient in one float32 vector; None where none has one."""
+    grads = [p.grad.detach().float().flatten() for p in model.parameters() if p.grad is not None]
+    return torch.cat(grads) if grads else None
 
 
 class _Kept:
@@ -416,13 +420,6 @@ def _fp32_loss(model: nn.Module, setting: Setting, batches: list, loss) -> float
         return evaluate(model.float(), fp32, batches, loss)
     except RuntimeError:  # a dtype mismatch: the weights' fp32 loss stays unknown
         return None
-
-
-def _reduced_dtype(recipe: recipes.Recipe) -> torch.dtype | None:
-    """The 16-bit dtype the recipe computes in (its autocast's, or its parameters'), if any."""
-    if recipe.autocast_dtype is not None:
-        return recipe.autocast_dtype
-    return recipe.param_dtype if recipe.param_dtype != torch.float32 else None
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float | None:
