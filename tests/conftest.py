@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 # xdist_groups: --dist loadgroup keeps each xdist_group on one worker under pytest 9.2 too.
 pytest_plugins = ["pytester", "xdist_groups"]
@@ -89,6 +90,31 @@ def outside_xdist(monkeypatch):
     nested session there removes these variables itself (tests/lab/test_capabilities.py)."""
     for name in [n for n in os.environ if n.startswith("PYTEST_XDIST_")]:
         monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def true_device_probes():
+    """Every test starts with the probes of the real torch in the process's cache, and leaves
+    them there: a test that probes under its monkeypatch (a faked GPU whose every probe "ran", a
+    broken autocast) must not leave what it faked to the later tests of its worker. Seen in CI:
+    a CPU said to run a bf16 LSTM, cached while a test faked a GPU, failed a test two files on.
+    Autouse, this runs before the test's own fixtures patch anything and after they undo it. A
+    deferred probe the test ran (devices.DEFERRED_PROBES) is forgotten too: it may have run
+    under the patch; run again, it takes milliseconds (inductor's kernels are cached on disk)."""
+    from harness.lab import devices
+
+    types = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    held = {device_type: devices.probe(device_type) for device_type in types}
+    probed = {device_type: set(info.capabilities) for device_type, info in held.items()}
+    yield
+    if devices.probe.cache_info().currsize != len(types) or any(
+        devices.probe(device_type) is not info for device_type, info in held.items()
+    ):
+        devices.probe.cache_clear()
+        return
+    for device_type, info in held.items():
+        for need in set(info.capabilities) - probed[device_type]:
+            del info.capabilities[need]
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,11 @@ judged against fp32's own seed-to-seed spread:
      are 0 on many entries, takes steps up to twice fp32's);
    - **trains as fp32**: within the margins both ways.
 
+The paired truth (`paired_reference`, `judge_paired`; `scripts/diagnose-truth --paired K`)
+trains each recipe from K seeds beside fp32 from the same seeds, and calls a gap harm (or another
+run) only where it is consistent across the seeds and beyond fp32's own seed spread: a model
+whose fp32 reruns scatter widely is judged by its recipes' average effect, not by one run.
+
 A prediction is **correct** when "safe" meets "trains as fp32" or a flag meets "diverges",
 "harmed" or "differs from fp32"; a "safe" on a run that diverges, is harmed or differs is a
 **MISS**; a flag on a run that trains as fp32 is a **FALSE ALARM**.
@@ -228,23 +233,31 @@ def reference(
     )
 
 
-def judge(run: Trained, ref: Reference) -> Truth:
-    """What training did, in one word and the numbers behind it."""
+def _diverged(run: Trained) -> str | None:
+    """How a run diverged, or None: a non-finite loss, inf/NaN parameters or a GradScaler that
+    gave up (over half of the steps skipped, or its scale under 1)."""
     steps = len(run.losses)
     if run.first_nonfinite:
         count = sum(not math.isfinite(v) for v in run.losses)
         state = "finite" if run.params_finite else "inf/NaN"
-        return Truth(
-            DIVERGES,
+        return (
             f"loss non-finite from step {run.first_nonfinite} ({count} of {steps} steps run), "
-            f"parameters {state}",
+            f"parameters {state}"
         )
     if not run.params_finite:
-        return Truth(DIVERGES, f"parameters inf/NaN after step {steps}")
+        return f"parameters inf/NaN after step {steps}"
     if run.recipe == "amp-fp16" and (run.skipped > steps / 2 or (run.scale_min or 1) < 1):
-        return Truth(
-            DIVERGES, f"GradScaler skipped {run.skipped} of {steps} steps, scale {run.scale_min:g}"
-        )
+        return f"GradScaler skipped {run.skipped} of {steps} steps, scale {run.scale_min:g}"
+    if not math.isfinite(run.held_out):
+        return "held-out loss non-finite"
+    return None
+
+
+def judge(run: Trained, ref: Reference) -> Truth:
+    """What training did, in one word and the numbers behind it."""
+    diverged = _diverged(run)
+    if diverged:
+        return Truth(DIVERGES, diverged)
     fp32 = ref.run
     gaps = [
         ("held-out", run.held_out - fp32.held_out, fp32.held_out, ref.held_out_spread),
@@ -255,8 +268,6 @@ def judge(run: Trained, ref: Reference) -> Truth:
         for what, gap, base, spread in gaps
     ]
     why = ", ".join(words)
-    if not math.isfinite(run.held_out):
-        return Truth(DIVERGES, f"held-out loss non-finite; {why}")
     # The same margin both ways: worse beyond it is harm, better beyond it is another run.
     beyond = [(gap, max(spread, MARGIN * abs(base))) for _, gap, base, spread in gaps]
     if any(gap > margin for gap, margin in beyond):
@@ -279,6 +290,100 @@ def truths(
     `setting`: the optimizer and lr."""
     task, ref = reference(factory, steps, seeds, **setting)
     return {recipe: judge(train(task, recipe, **setting), ref) for recipe in recipes}
+
+
+# --- the paired truth: each recipe beside fp32 from the same seeds -----------------------------
+#
+# One run of a recipe against the largest gap of K fp32 reruns misjudges a model whose reruns
+# scatter widely: a run as noisy as a rerun lands beyond the largest of K about once in K+1, and
+# one wild rerun widens the spread for every recipe (convnext's: one fp32 rerun 862% off). The
+# paired truth trains the recipe from each of K seeds beside fp32 from the same seed (weights,
+# batches, dropout masks) and calls a gap only where it is consistent across the seeds (an exact
+# sign-flip test of its mean, p < ALPHA) and beyond fp32's own seed spread (the standard
+# deviation of fp32's runs across the seeds, at least 1%): a consistent effect smaller than what
+# a rerun varies by is inside the noise a user's rerun shows.
+
+ALPHA = 0.05
+# The smallest two-sided p that K signs can give is 2 / 2**K: under 6 seeds, never under ALPHA.
+PAIRED_SEEDS = range(6, 17)  # and the test enumerates all 2**K signs: 65,536 at 16
+
+
+@dataclass
+class Paired:
+    """fp32 trained from each seed, with the task (weights and batches) it was trained on."""
+
+    seeds: list[int]
+    tasks: list[Task]
+    runs: list[Trained]
+
+
+def paired_reference(
+    factory: Callable, steps: int, seeds: Sequence[int], **setting
+) -> Paired:  # fmt: skip
+    """fp32 from each of `seeds` (0: the factory's own weights); `setting`: optimizer and lr."""
+    if len(seeds) not in PAIRED_SEEDS:
+        raise ValueError(
+            f"a paired truth takes {PAIRED_SEEDS.start} to {PAIRED_SEEDS.stop - 1} seeds, not "
+            f"{len(seeds)}: fewer cannot show a gap at p < {ALPHA}"
+        )
+    tasks = [take(factory, steps, seed) for seed in seeds]
+    runs = [train(task, "fp32", seed, **setting) for seed, task in zip(seeds, tasks, strict=True)]
+    return Paired(list(seeds), tasks, runs)
+
+
+def train_paired(ref: Paired, recipe: str, **setting) -> list[Trained]:
+    """The recipe (with a fix's `keep_fp32` or `adam_eps`) trained beside each of fp32's runs."""
+    return [
+        train(task, recipe, seed, **setting)
+        for seed, task in zip(ref.seeds, ref.tasks, strict=True)
+    ]
+
+
+def sign_flip_p(gaps: Sequence[float]) -> float:
+    """The exact two-sided p of the gaps' mean under "no effect" (each gap's sign a coin toss):
+    the share of the 2**K sign patterns whose mean is as far from 0 as the observed one."""
+    observed = abs(sum(gaps)) * (1 - 1e-12)  # a tie (the observed pattern itself) counts
+    sizes = [abs(g) for g in gaps]
+    hits = sum(
+        abs(sum(sign * size for sign, size in zip(signs, sizes, strict=True))) >= observed
+        for signs in itertools.product((1, -1), repeat=len(sizes))
+    )
+    return hits / 2 ** len(sizes)
+
+
+def judge_paired(runs: Sequence[Trained], ref: Paired) -> Truth:
+    """What training did over the seeds, in one word and the numbers behind it: diverges on any
+    seed; harmed (or differs from fp32) where the mean gap is consistent and beyond the spread."""
+    diverged = [(seed, why) for seed, run in zip(ref.seeds, runs, strict=True)
+                if (why := _diverged(run))]  # fmt: skip
+    if diverged:
+        seed, why = diverged[0]
+        return Truth(DIVERGES, f"on {len(diverged)} of {len(runs)} seeds (seed {seed}: {why})")
+    parts, beyond = [], []
+    for what, value in (("held-out", lambda r: r.held_out), ("end", lambda r: r.end)):
+        base = [value(f) for f in ref.runs]
+        gaps = [(value(r) - b) / abs(b) for r, b in zip(runs, base, strict=True)]
+        mean, p = statistics.fmean(gaps), sign_flip_p(gaps)
+        spread = statistics.stdev(base) / abs(statistics.fmean(base))
+        parts.append(
+            f"{what} {mean:+.1%} on average over {len(gaps)} seeds (p {p:.2g}; fp32's seed "
+            f"spread ±{spread:.1%})"
+        )
+        if p < ALPHA and abs(mean) > max(spread, MARGIN):
+            beyond.append(mean)
+    why = ", ".join(parts)
+    if any(mean > 0 for mean in beyond):
+        return Truth(HARMED, why)
+    learned = statistics.fmean(f.losses[0] - f.end for f in ref.runs)
+    own = statistics.fmean(r.losses[0] - r.end for r in runs)
+    ends = [f.end for f in ref.runs]
+    if learned > max(statistics.stdev(ends), MARGIN * abs(statistics.fmean(ends))) and (
+        own < learned / 2
+    ):
+        return Truth(HARMED, f"learned {own / learned:.0%} of what fp32 learned; {why}")
+    if beyond:
+        return Truth(DIFFERS, f"{why}: better beyond the spread, not fp32's run")
+    return Truth(FINE, why)
 
 
 # --- diagnose's call against the truth --------------------------------------------------------

@@ -1,6 +1,7 @@
 """scripts/diagnose-truth's --cache: a model's result is reused only when the code that made it
-and fp32's reruns (--seeds) are this run's; a result of other diagnose code, of another truth or
-another spread is computed again, never mixed into a table."""
+and its truth (fp32's reruns, --seeds, or the paired truth's seeds, --paired) are this run's; a
+result of other diagnose code, of another truth or another spread is computed again, never mixed
+into a table."""
 
 from __future__ import annotations
 
@@ -22,21 +23,39 @@ def script():
     return module
 
 
-def _kept(folder, code: str, seeds: int) -> None:
-    result = {"name": "healthy", "code": code, "seeds": seeds, "rows": [], "fixes": []}
-    (folder / "healthy-150.json").write_text(json.dumps(result))
+def _kept(folder, code: str, seeds: int, paired: int = 0) -> None:
+    result = {"name": "healthy", "code": code, "seeds": seeds, "paired": paired, "rows": [],
+              "fixes": []}  # fmt: skip
+    name = f"healthy-150{script_suffix(paired)}.json"
+    (folder / name).write_text(json.dumps(result))
 
 
-def test_a_result_of_this_code_and_spread_is_reused(script, tmp_path):
+def script_suffix(paired: int) -> str:
+    return f"-paired{paired}" if paired else ""
+
+
+@pytest.mark.parametrize("paired", [0, 8])
+def test_a_result_of_this_code_and_truth_is_reused(script, tmp_path, paired):
+    _kept(tmp_path, script._code_digest(), seeds=4, paired=paired)
+    kept = script._cached(tmp_path, "healthy", 150, False, 4, paired, script._code_digest())
+    assert kept["name"] == "healthy" and kept["paired"] == paired
+
+
+@pytest.mark.parametrize(
+    ("code", "seeds", "paired"),
+    [("0123456789abcdef", 4, 0), (None, 2, 0), (None, 4, 8)],
+    ids=["other-code", "other-spread", "paired-for-unpaired"],
+)
+def test_a_result_of_other_code_or_another_truth_is_computed_again(
+    script, tmp_path, code, seeds, paired
+):
+    _kept(tmp_path, code or script._code_digest(), seeds, paired)
+    assert script._cached(tmp_path, "healthy", 150, False, 4, 0, script._code_digest()) is None
+
+
+def test_an_unpaired_result_is_not_taken_for_a_paired_one(script, tmp_path):
     _kept(tmp_path, script._code_digest(), seeds=4)
-    kept = script._cached(tmp_path, "healthy", 150, False, 4, script._code_digest())
-    assert kept["name"] == "healthy"
-
-
-@pytest.mark.parametrize(("code", "seeds"), [("0123456789abcdef", 4), (None, 2)])
-def test_a_result_of_other_code_or_another_spread_is_computed_again(script, tmp_path, code, seeds):
-    _kept(tmp_path, code or script._code_digest(), seeds)
-    assert script._cached(tmp_path, "healthy", 150, False, 4, script._code_digest()) is None
+    assert script._cached(tmp_path, "healthy", 150, False, 4, 8, script._code_digest()) is None
 
 
 def test_the_digest_covers_diagnose_the_zoo_and_its_truth(script):

@@ -11,6 +11,7 @@ they import beside this torch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -188,6 +189,66 @@ def _gaps(held_out: float, end: float) -> tuple[zoo_truth.Trained, zoo_truth.Ref
 def test_the_truth_looks_both_ways_with_the_same_margins(held_out, end, word):
     run, ref = _gaps(held_out, end)
     assert zoo_truth.judge(run, ref).word == word
+
+
+def _paired(held_out_gaps: list[float], fp32_held_out: list[float]):
+    """fp32 runs with these held-out losses (their ends 1.0, each after learning 1.0) and the
+    recipe's runs off them by these relative gaps (their ends as fp32's)."""
+    seeds = list(range(len(fp32_held_out)))
+    fp32 = [zoo_truth.Trained("fp32", [2.0] * 9 + [1.0], held_out=h) for h in fp32_held_out]
+    runs = [
+        zoo_truth.Trained("amp-fp16", [2.0] * 9 + [1.0], held_out=h * (1 + g))
+        for h, g in zip(fp32_held_out, held_out_gaps, strict=True)
+    ]
+    return runs, zoo_truth.Paired(seeds, [None] * len(seeds), fp32)
+
+
+TIGHT = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01]  # fp32's seed spread: ±1.3%
+WIDE = [1.0, 1.2, 0.8, 1.0, 1.3, 0.7, 1.1, 0.9]  # ±19.7%
+
+
+@pytest.mark.parametrize(
+    ("gaps", "fp32", "word"),
+    [
+        ([0.0] * 8, TIGHT, zoo_truth.FINE),
+        ([0.05, 0.06, 0.04, 0.05, 0.07, 0.05, 0.04, 0.06], TIGHT, zoo_truth.HARMED),
+        ([-0.05, -0.06, -0.04, -0.05, -0.07, -0.05, -0.04, -0.06], TIGHT, zoo_truth.DIFFERS),
+        # Consistent, but smaller than what a rerun of fp32 varies by: inside the noise.
+        ([0.05, 0.06, 0.04, 0.05, 0.07, 0.05, 0.04, 0.06], WIDE, zoo_truth.FINE),
+        # Large on average (+22%), but one seed drives it: no consistent gap (vit's noscaler).
+        ([0.22, 0.04, -0.18, -0.18, 0.05, 0.88, -0.02, 0.03], WIDE, zoo_truth.FINE),
+        # Consistent and beyond a wide spread (convnext's eps fix, about -33%): another run.
+        ([-0.13, -0.11, -0.54, -0.37, -0.22, -0.26, -0.29, -0.53], WIDE, zoo_truth.DIFFERS),
+    ],
+    ids=["no-gap", "worse", "better", "worse-inside-the-spread", "one-wild-seed", "better-wide"],
+)
+def test_the_paired_truth_calls_a_gap_consistent_across_seeds_and_beyond_their_spread(
+    gaps, fp32, word
+):
+    runs, ref = _paired(gaps, fp32)
+    truth = zoo_truth.judge_paired(runs, ref)
+    assert truth.word == word, truth.why
+    assert "on average over 8 seeds" in truth.why and "fp32's seed spread" in truth.why
+
+
+def test_the_paired_truth_calls_a_divergence_on_any_seed():
+    runs, ref = _paired([0.0] * 8, TIGHT)
+    runs[5].losses[3] = math.inf
+    truth = zoo_truth.judge_paired(runs, ref)
+    assert truth.word == zoo_truth.DIVERGES
+    assert truth.why.startswith("on 1 of 8 seeds (seed 5: loss non-finite from step 4")
+
+
+def test_the_sign_flip_p_is_exact():
+    """All K gaps of one sign: 2 of the 2**K patterns are as extreme (all +, all -)."""
+    assert zoo_truth.sign_flip_p([0.1] * 6) == 2 / 64
+    assert zoo_truth.sign_flip_p([0.1, -0.1]) == 1.0
+    assert zoo_truth.sign_flip_p([0.3, 0.1, 0.1]) == 2 / 8  # only +++ and --- reach |0.5|
+
+
+def test_a_paired_truth_needs_enough_seeds_to_show_a_gap():
+    with pytest.raises(ValueError, match="6 to 16 seeds, not 5"):
+        zoo_truth.paired_reference(zoo.healthy, 10, range(5))
 
 
 def test_a_safe_on_a_run_that_differs_from_fp32_is_a_miss():

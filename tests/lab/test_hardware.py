@@ -186,13 +186,8 @@ def test_a_probe_of_a_cpu_kernel_follows_the_class_table():
         if device != "cpu" or not row.cpu:
             continue
         reached = hardware.level_rank(cpu.onednn_level) >= hardware.level_rank(row.cpu)
-        # Probed again here, not read from the process's cache: under xdist a worker's cache
-        # may come from an earlier test's probe (seen once in CI on an AVX2 EPYC: bf16_rnn
-        # "works" from the cache, where a probe of its own raises; the test that left it was
-        # not found).
-        seen = devices._run_probe(lambda need=need: devices.PROBES[need]("cpu"))
-        lack = cpu._lack(need, seen)
-        assert (lack is None or lack.regression) == reached, (need, cpu.onednn_level, lack, seen)
+        lack = cpu.missing(need)
+        assert (lack is None or lack.regression) == reached, (need, cpu.onednn_level, lack)
 
 
 def test_a_gpu_s_mig_mode_and_clocks_come_from_nvml(monkeypatch):
