@@ -14,13 +14,13 @@ judged against fp32's own seed-to-seed spread:
    - **diverges**: a non-finite training loss, parameters inf/NaN, or a GradScaler that skipped
      over half of the steps or whose scale fell under 1;
    - **harmed**: its held-out loss (eval mode, the recipe's own precision) or the end of its
-     loss curve (the last tenth of the steps) worse than fp32's by more than fp32's own spread
-     and by more than 1%; or it learned under half of what fp32 learned, where fp32's learning
-     stands out of its spread;
+     loss curve (the last tenth of the steps) worse than fp32's by more than fp32's own spread,
+     by more than 1% and by more than 1e-3 of fp32's first loss (FLOOR); or it learned under
+     half of what fp32 learned, where fp32's learning stands out of its spread;
    - **differs from fp32**: neither diverged nor harmed, but its held-out loss or the end of its
-     loss curve *better* than fp32's by the same margins (more than fp32's own spread and more
-     than 1%): another run, not fp32's (`half` with AdamW eps 1e-4, whose fp16 second moments
-     are 0 on many entries, takes steps up to twice fp32's);
+     loss curve *better* than fp32's by the same margins: another run, not fp32's (`half` with
+     AdamW eps 1e-4, whose fp16 second moments are 0 on many entries, takes steps up to twice
+     fp32's);
    - **trains as fp32**: within the margins both ways.
 
 The paired truth (`paired_reference`, `judge_paired`; `scripts/diagnose-truth --paired K`)
@@ -53,6 +53,11 @@ ADAM_EPS = 1e-8  # torch's default
 HELD_OUT = 8
 SPREAD_SEEDS = (1, 2)
 MARGIN = 0.01  # a gap under 1% of fp32's loss is never harm, however tight fp32's spread
+# ... nor one under 1e-3 of fp32's first loss: where fp32 has learned its task to a loss near 0
+# (bert_naive_softmax: 0.0002 to 0.0012 held-out, from 4.9), a relative gap measures nothing.
+# The same floor as diagnose's drift rule (LOSS_FLOOR), set apart here: the truth imports none
+# of diagnose.
+FLOOR = 1e-3
 DIVERGES, HARMED, DIFFERS, FINE = "diverges", "harmed", "differs from fp32", "trains as fp32"
 CORRECT, MISS, FALSE_ALARM = "correct", "MISS", "FALSE ALARM"
 SAFE = "safe"  # diagnose's word for "no flag"
@@ -269,7 +274,8 @@ def judge(run: Trained, ref: Reference) -> Truth:
     ]
     why = ", ".join(words)
     # The same margin both ways: worse beyond it is harm, better beyond it is another run.
-    beyond = [(gap, max(spread, MARGIN * abs(base))) for _, gap, base, spread in gaps]
+    floor = FLOOR * abs(fp32.losses[0])
+    beyond = [(gap, max(spread, MARGIN * abs(base), floor)) for _, gap, base, spread in gaps]
     if any(gap > margin for gap, margin in beyond):
         return Truth(HARMED, why)
     # Learning little where fp32 learned (gradients flushed to zero stall a model): only where
@@ -300,8 +306,8 @@ def truths(
 # paired truth trains the recipe from each of K seeds beside fp32 from the same seed (weights,
 # batches, dropout masks) and calls a gap only where it is consistent across the seeds (an exact
 # sign-flip test of its mean, p < ALPHA) and beyond fp32's own seed spread (the standard
-# deviation of fp32's runs across the seeds, at least 1%): a consistent effect smaller than what
-# a rerun varies by is inside the noise a user's rerun shows.
+# deviation of fp32's runs across the seeds, at least 1% and FLOOR): a consistent effect smaller
+# than what a rerun varies by is inside the noise a user's rerun shows.
 
 ALPHA = 0.05
 # The smallest two-sided p that K signs can give is 2 / 2**K: under 6 seeds, never under ALPHA.
@@ -365,11 +371,13 @@ def judge_paired(runs: Sequence[Trained], ref: Paired) -> Truth:
         gaps = [(value(r) - b) / abs(b) for r, b in zip(runs, base, strict=True)]
         mean, p = statistics.fmean(gaps), sign_flip_p(gaps)
         spread = statistics.stdev(base) / abs(statistics.fmean(base))
+        floor = FLOOR * statistics.fmean(abs(f.losses[0]) for f in ref.runs)
+        floor /= abs(statistics.fmean(base))
         parts.append(
             f"{what} {mean:+.1%} on average over {len(gaps)} seeds (p {p:.2g}; fp32's seed "
             f"spread ±{spread:.1%})"
         )
-        if p < ALPHA and abs(mean) > max(spread, MARGIN):
+        if p < ALPHA and abs(mean) > max(spread, MARGIN, floor):
             beyond.append(mean)
     why = ", ".join(parts)
     if any(mean > 0 for mean in beyond):

@@ -231,6 +231,21 @@ def test_the_paired_truth_calls_a_gap_consistent_across_seeds_and_beyond_their_s
     assert "on average over 8 seeds" in truth.why and "fp32's seed spread" in truth.why
 
 
+def test_a_gap_under_a_thousandth_of_the_first_loss_is_no_finding():
+    """Where fp32 has learned its task to a loss near 0 (bert_naive_softmax: 0.0002 to 0.0012
+    held-out from a first loss of 4.9), half of it is no finding, paired or not; the same
+    relative gap of a loss that stayed high is one (the control)."""
+    for first, word in ((4.9, zoo_truth.FINE), (0.004, zoo_truth.DIFFERS)):
+        runs, ref = _paired([-0.5] * 8, [h / 1000 for h in TIGHT])
+        for run in (*runs, *ref.runs):
+            run.losses[0] = first
+        assert zoo_truth.judge_paired(runs, ref).word == word, first
+        run, one = _gaps(0.0005, 1.0)
+        one.run.held_out, one.held_out_spread = 0.001, 0.0
+        one.run.losses[0] = run.losses[0] = first
+        assert zoo_truth.judge(run, one).word == word, first
+
+
 def test_the_paired_truth_calls_a_divergence_on_any_seed():
     runs, ref = _paired([0.0] * 8, TIGHT)
     runs[5].losses[3] = math.inf
