@@ -373,9 +373,12 @@ def judge_paired(runs: Sequence[Trained], ref: Paired) -> Truth:
         spread = statistics.stdev(base) / abs(statistics.fmean(base))
         floor = FLOOR * statistics.fmean(abs(f.losses[0]) for f in ref.runs)
         floor /= abs(statistics.fmean(base))
+        below = (
+            f", under 1e-3 of its first loss: ±{floor:.0%}" if floor > max(spread, MARGIN) else ""
+        )
         parts.append(
             f"{what} {mean:+.1%} on average over {len(gaps)} seeds (p {p:.2g}; fp32's seed "
-            f"spread ±{spread:.1%})"
+            f"spread ±{spread:.1%}{below})"
         )
         if p < ALPHA and abs(mean) > max(spread, MARGIN, floor):
             beyond.append(mean)

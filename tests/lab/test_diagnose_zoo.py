@@ -239,7 +239,9 @@ def test_a_gap_under_a_thousandth_of_the_first_loss_is_no_finding():
         runs, ref = _paired([-0.5] * 8, [h / 1000 for h in TIGHT])
         for run in (*runs, *ref.runs):
             run.losses[0] = first
-        assert zoo_truth.judge_paired(runs, ref).word == word, first
+        truth = zoo_truth.judge_paired(runs, ref)
+        assert truth.word == word, first
+        assert ("under 1e-3 of its first loss" in truth.why) == (word == zoo_truth.FINE)
         run, one = _gaps(0.0005, 1.0)
         one.run.held_out, one.held_out_spread = 0.001, 0.0
         one.run.losses[0] = run.losses[0] = first
