@@ -684,11 +684,19 @@ def _many_runs(reports: Path, per_session: int) -> tuple[Path, float]:
     return reports, time.perf_counter() - started
 
 
+# The report's build against the logging of the runs it reads, both timed in this process: a
+# ratio, not seconds, so that a loaded machine slows both (an absolute 2 s failed at 2.3 s in CI
+# beside other jobs; unloaded, 200 runs log in 5.1 s and build in 0.6 s here). The build reads
+# each run once: it stays a fraction of the logging at any scale (--stated-scale: 1,000 runs).
+BUILD_SHARE_MAX = 0.5
+
+
 @pytest.mark.slow
-def test_a_report_over_1000_runs_builds_in_under_10_s(many_runs, tmp_path, record_property):
+def test_a_report_over_1000_runs_builds_in_a_fraction_of_their_logging(
+    many_runs, tmp_path, record_property
+):
     reports, setup_s, per_session = many_runs
     runs = 4 * per_session
-    budget_s = 10 * runs / 1000  # 10 s for 1,000 runs: the build is linear in the runs it reads
     started = time.perf_counter()
     index = report.build(default_uri(reports), tmp_path / "report")  # written to disk
     build_s = time.perf_counter() - started
@@ -701,7 +709,10 @@ def test_a_report_over_1000_runs_builds_in_under_10_s(many_runs, tmp_path, recor
     # The latest session of each environment, and its figures (each shown once) and the overview.
     assert page.count('class="entry v-') == 2 * per_session
     assert len(list(index.parent.glob("*.png"))) == 2 * (per_session // FIGURE_EVERY) + 1
-    assert build_s < budget_s, f"built in {build_s:.1f} s, over the {budget_s:.0f} s budget"
+    assert build_s < BUILD_SHARE_MAX * setup_s, (
+        f"{runs:,} runs built in {build_s:.1f} s, over {BUILD_SHARE_MAX:.0%} of the "
+        f"{setup_s:.1f} s their logging took"
+    )
 
 
 def _run(run_id, kind, status="FINISHED", start=0, parent=None):
