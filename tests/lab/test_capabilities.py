@@ -25,10 +25,8 @@ from harness.lab.devices import DeviceInfo, Probe
 
 @pytest.fixture
 def reprobe():
-    """Forget the probed devices now (after the test's monkeypatch, the nested session probes
-    the patched torch) and again afterwards (later tests probe the real one)."""
-    devices.probe.cache_clear()
-    yield
+    """Forget the probed devices now: after the test's monkeypatch, the nested session probes
+    the patched torch (tests/conftest.py's true_device_probes puts the real one back after)."""
     devices.probe.cache_clear()
 
 

@@ -23,20 +23,15 @@ def script():
     return module
 
 
-def _kept(folder, code: str, seeds: int, paired: int = 0) -> None:
+def _kept(script, folder, code: str, seeds: int, paired: int = 0) -> None:
     result = {"name": "healthy", "code": code, "seeds": seeds, "paired": paired, "rows": [],
               "fixes": []}  # fmt: skip
-    name = f"healthy-150{script_suffix(paired)}.json"
-    (folder / name).write_text(json.dumps(result))
-
-
-def script_suffix(paired: int) -> str:
-    return f"-paired{paired}" if paired else ""
+    (folder / f"healthy-150{script._suffix(False, paired)}.json").write_text(json.dumps(result))
 
 
 @pytest.mark.parametrize("paired", [0, 8])
 def test_a_result_of_this_code_and_truth_is_reused(script, tmp_path, paired):
-    _kept(tmp_path, script._code_digest(), seeds=4, paired=paired)
+    _kept(script, tmp_path, script._code_digest(), seeds=4, paired=paired)
     kept = script._cached(tmp_path, "healthy", 150, False, 4, paired, script._code_digest())
     assert kept["name"] == "healthy" and kept["paired"] == paired
 
@@ -49,12 +44,12 @@ def test_a_result_of_this_code_and_truth_is_reused(script, tmp_path, paired):
 def test_a_result_of_other_code_or_another_truth_is_computed_again(
     script, tmp_path, code, seeds, paired
 ):
-    _kept(tmp_path, code or script._code_digest(), seeds, paired)
+    _kept(script, tmp_path, code or script._code_digest(), seeds, paired)
     assert script._cached(tmp_path, "healthy", 150, False, 4, 0, script._code_digest()) is None
 
 
 def test_an_unpaired_result_is_not_taken_for_a_paired_one(script, tmp_path):
-    _kept(tmp_path, script._code_digest(), seeds=4)
+    _kept(script, tmp_path, script._code_digest(), seeds=4)
     assert script._cached(tmp_path, "healthy", 150, False, 4, 8, script._code_digest()) is None
 
 

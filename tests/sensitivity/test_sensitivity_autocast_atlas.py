@@ -70,11 +70,8 @@ def test_a_lost_rnn_kernel_where_the_hardware_has_it_is_a_capability_regression(
     # The probe runs nn.LSTM, the atlas torch.lstm: the kernel is gone for both.
     monkeypatch.setattr(torch, "lstm", without_bf16(torch.lstm))
     monkeypatch.setattr(torch.nn.LSTM, "forward", without_bf16(torch.nn.LSTM.forward))
-    devices.probe.cache_clear()
-    try:
-        result = run_scenario(MODULE, "-k", "bfloat16")
-    finally:
-        devices.probe.cache_clear()
+    devices.probe.cache_clear()  # probed again under the patch (true_device_probes undoes it)
+    result = run_scenario(MODULE, "-k", "bfloat16")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*capability regression: a bfloat16 LSTM under autocast*"])
 
