@@ -757,6 +757,66 @@ def test_the_seed_spread_redraws_the_weights_as_the_factory_drew_them():
     assert reinitialised(nn.Sequential(nn.Linear(4, 4)), seed=1)[1] == ""
 
 
+class HotColumns(nn.Module):
+    """A bare parameter whose first columns the factory scaled by 300, as attention's q and k are
+    in tests/zoo.py's attn_hot: structure no re-drawing by the harness knows of."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 12) * 0.02)
+        with torch.no_grad():
+            self.weight[:, :4].mul_(300)
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+def _hot(seed: int = 0) -> Subject:
+    torch.manual_seed(seed)
+    batches = iter(lambda: (torch.randn(4, 8), torch.randn(4, 12)), None)
+    return Subject(HotColumns(), batches, nn.functional.mse_loss)
+
+
+def _hot_share(model: nn.Module) -> float:
+    """The share of the weight's squared norm in the columns the factory scaled."""
+    weight = model.weight.detach()
+    return float(weight[:, :4].square().sum() / weight.square().sum())
+
+
+def test_fp32s_seed_spread_is_drawn_by_the_factory_where_it_takes_a_seed():
+    initial = _hot().model
+    redraw = diagnose.factory_seeds("hot", _hot, initial)
+    again, note = redraw(1)
+    assert not torch.equal(again.weight, initial.weight)  # drawn afresh...
+    assert _hot_share(again) > 0.99  # ...keeping what the factory did to its weights
+    assert "the factory's own initialisation under seed=1 and seed=2" in note
+    state = torch.random.get_rng_state()
+    redraw(2)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the factory's seeding is its own
+    # Control: the harness's own re-drawing shuffles the hot columns among the others.
+    shuffled, _ = diagnose_runs.reinitialised(initial, seed=1)
+    assert _hot_share(shuffled) < 0.6
+    # A factory without `seed` leaves the harness to re-draw; one whose `seed` changes the
+    # architecture is an error naming the fix.
+    assert diagnose.factory_seeds("hot", lambda: _hot(), initial) is None
+
+    def grows(seed: int = 0) -> Subject:
+        found = _hot(seed)
+        found.model.extra = nn.Linear(seed + 1, 1)
+        return found
+
+    with pytest.raises(diagnose.DiagnoseError, match="Fix: let `seed` change the initial weights"):
+        diagnose.factory_seeds("grows", grows, grows().model)(1)
+
+
+def test_diagnose_measures_fp32s_spread_from_the_factorys_seeds():
+    found = diagnose.diagnose(_hot, "cpu", steps=3, names=["amp-bf16"])
+    assert "the factory's own initialisation" in found.noise_note
+    # Control: the same model handed over as a Subject has no factory to call again.
+    handed = diagnose.diagnose(_hot(), "cpu", steps=3, names=["amp-bf16"])
+    assert "shuffling their entries" in handed.noise_note
+
+
 def test_a_fix_that_changes_the_optimizer_is_judged_against_fp32_with_the_same_change(mlp):
     from harness.lab.diagnose.fixes import Fix
 

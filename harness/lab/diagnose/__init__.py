@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import inspect
 import math
 import os
 import sys
@@ -55,6 +56,8 @@ from harness.lab.diagnose.rules import (  # noqa: F401  (the names a scenario as
     judge,
 )
 from harness.lab.diagnose.runs import (
+    NOISE_SEEDS,
+    Redraw,
     Replay,
     Setting,
     StepTimeout,
@@ -251,7 +254,8 @@ def diagnose(
     names = [REFERENCE, *(n for n in names if n != REFERENCE)]
     for name in names:
         recipes.get(name)  # an unknown recipe is an error before anything runs
-    found = _subject(spec, make)
+    factory = load(make) if isinstance(make, str) else make
+    found = _subject(spec, factory)
     _check_trainable(spec, found.model)
     info = devices.probe(device) if isinstance(device, str) else device
     if compile_backend == "inductor":
@@ -264,8 +268,9 @@ def diagnose(
     quick = Replay(taken[:steps], found.loss)
     setting = Setting(info, lr, optimizer, step_limit_s)
     initial = _fp32_copy(spec, found.model)
+    redraw = factory_seeds(spec, factory, initial)
     try:
-        diagnosis = _quick_look(spec, found.model, initial, quick, setting, names, horizon)
+        diagnosis = _quick_look(spec, found.model, initial, quick, setting, names, horizon, redraw)
         if compile_backend is not None:
             diagnosis.compiled = compiled_runs.compare(
                 diagnosis, initial, quick, setting, compile_backend
@@ -273,22 +278,52 @@ def diagnose(
         if verify:
             diagnosis.verify = truth.verify(
                 diagnosis, initial, Replay(taken[:verify], found.loss), taken[verify:], setting,
-                {name: _fix(run) for name, run in diagnosis.runs.items() if _fix(run)},
+                {name: _fix(run) for name, run in diagnosis.runs.items() if _fix(run)}, redraw,
             )  # fmt: skip
     except StepTimeout as exc:
         raise DiagnoseError(f"factory {spec!r}: {exc}") from exc
     return diagnosis
 
 
-def _subject(spec: str, make) -> Subject:
-    factory = load(make) if isinstance(make, str) else make
+def _subject(spec: str, factory, **arguments) -> Subject:
     if isinstance(factory, Subject):
         return factory
     try:
-        made = factory()
+        made = factory(**arguments)
     except (Exception, SystemExit) as exc:  # a factory's sys.exit() is its error, not ours
-        raise DiagnoseError(f"factory {spec!r} raised {type(exc).__name__}: {exc}") from exc
+        called = f" with {arguments}" if arguments else ""
+        raise DiagnoseError(f"factory {spec!r} raised {type(exc).__name__}{called}: {exc}") from exc
     return subject(spec, made)
+
+
+def factory_seeds(spec: str, factory, initial: nn.Module) -> Redraw | None:
+    """fp32's seed spread drawn by the factory itself, where it takes `seed`: its own
+    initialisation under another seed is what a user's rerun varies, structure and all (weights
+    re-drawn by the harness lose what the factory did to them: attention columns scaled by 300
+    came out shuffled among the others, and fp32's spread was ten times its reruns'). Only the
+    model is taken: every run sees the batches kept from the first call. None where the factory
+    has no `seed`."""
+    try:
+        takes_seed = "seed" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a Subject, or a callable whose signature is hidden
+        takes_seed = False
+    if not takes_seed:
+        return None
+    shapes = [p.shape for p in initial.parameters()]
+
+    def redraw(seed: int) -> tuple[nn.Module, str]:
+        with torch.random.fork_rng():  # the factory's torch.manual_seed is its own
+            model = _fp32_copy(spec, _subject(spec, factory, seed=seed).model)
+        if [p.shape for p in model.parameters()] != shapes:
+            raise DiagnoseError(
+                f"factory {spec!r}: called with seed={seed}, it returned a model of other "
+                "parameter shapes than its first; diagnose re-calls it for fp32's seed spread. "
+                "Fix: let `seed` change the initial weights only"
+            )
+        seeds = " and ".join(f"seed={s}" for s in NOISE_SEEDS)
+        return model, f"fp32's seed spread: the factory's own initialisation under {seeds}"
+
+    return redraw
 
 
 def _fp32_copy(spec: str, model: nn.Module) -> nn.Module:
@@ -341,7 +376,7 @@ def _check_copy(
 
 def _quick_look(
     spec: str, model: nn.Module, initial: nn.Module, quick: Replay, setting: Setting,
-    names: list[str], horizon: int,
+    names: list[str], horizon: int, redraw: Redraw | None,
 ) -> Diagnosis:  # fmt: skip
     reference, gradient = run_recipe(REFERENCE, initial, quick, setting)
     if reference.error:
@@ -350,7 +385,7 @@ def _quick_look(
         )
     _check_copy(spec, model, initial, quick.taken[0], quick.loss)
     reference.forecast = forecast(reference, horizon)
-    spread, noise_note = seed_spread(initial, quick, setting)
+    spread, noise_note = seed_spread(initial, quick, setting, redraw=redraw)
     noise = max(end_gap(run.loss, reference.loss) for run in spread)
     runs = {REFERENCE: reference}
     for name in names[1:]:

@@ -7,8 +7,9 @@ op's output range, named by the module running it (harness.lab.probes.op_ranges)
 running statistics, the gradients; --verify's long runs measure the loss alone.
 
 fp32's own spread, the noise a gap must beat, is measured as a user's rerun varies: fp32 again
-from weights initialised under other seeds (`reinitialised`), and, for --verify's held-out loss,
-on the kept batches in another order (`reordered`).
+from weights initialised under other seeds (by the factory itself where it takes `seed`, else
+`reinitialised`), and, for --verify's held-out loss, on the kept batches in another order
+(`reordered`).
 """
 
 from __future__ import annotations
@@ -330,15 +331,23 @@ class _Kept:
         return lost / live if live else 0.0
 
 
+# Weights drawn afresh under a seed, and a note on how (harness.lab.diagnose's factory_seeds,
+# or `reinitialised`).
+Redraw = Callable[[int], tuple[nn.Module, str]]
+
+
 def seed_spread(
-    initial: nn.Module, replay: Replay, setting: Setting, *, reorder: bool = False, **options
-) -> tuple[list[Run], str]:
-    """fp32 again from weights re-drawn under each of NOISE_SEEDS (and, with `reorder`, on the
-    batches in another order): how far a rerun of fp32 lands from fp32, the spread a precision gap
-    must beat; and a note when the re-drawing could not use reset_parameters() for every weight."""
+    initial: nn.Module, replay: Replay, setting: Setting, *, redraw: Redraw | None = None,
+    reorder: bool = False, **options,
+) -> tuple[list[Run], str]:  # fmt: skip
+    """fp32 again from weights drawn under each of NOISE_SEEDS by `redraw` (`initial`
+    re-initialised where it is None) and, with `reorder`, on the batches in another order: how
+    far a rerun of fp32 lands from fp32, the spread a precision gap must beat; and the note of
+    how the weights were drawn, where it has one."""
+    redraw = redraw or (lambda seed: reinitialised(initial, seed))
     runs, notes = [], set()
     for seed in NOISE_SEEDS:
-        model, note = reinitialised(initial, seed)
+        model, note = redraw(seed)
         notes.add(note)
         runs.append(run_recipe("fp32", model, replay, setting, watch=False, **options)[0])
         if reorder:
@@ -376,7 +385,8 @@ def reinitialised(initial: nn.Module, seed: int) -> tuple[nn.Module, str]:
     return model, (
         f"fp32's seed spread: {len(uncovered)} parameter tensor(s) no reset_parameters() covers "
         f"({', '.join(uncovered[:4])}{' ...' if len(uncovered) > 4 else ''}) were re-drawn by "
-        "shuffling their entries"
+        "shuffling their entries, which loses any structure the factory gave them (a factory "
+        "that takes `seed` is called again instead)"
     )
 
 

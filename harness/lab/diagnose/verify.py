@@ -1,11 +1,12 @@
 """`amp-harness diagnose --verify N`: the ground truth the quick look is judged by.
 
 After the quick look, every recipe is trained N steps from the same weights on the same
-batches, and fp32 again from weights re-drawn under other seeds and on the batches in another
-order (fp32's seed spread, harness.lab.diagnose.runs.seed_spread: the end of the loss curve
-from the re-drawn weights, the held-out loss from both), and every fix the quick look
-recommended too, with, for a fix that changes the optimizer (AdamW's eps), fp32 under the same
-change as its reference. Each long run gets a truth from what training did:
+batches, and fp32 again from weights drawn under other seeds (by the factory where it takes
+`seed`, as the quick look drew them) and on the batches in another order (fp32's seed spread,
+harness.lab.diagnose.runs.seed_spread: the end of the loss curve from the re-drawn weights, the
+held-out loss from both), and every fix the quick look recommended too, with, for a fix that
+changes the optimizer (AdamW's eps), fp32 under the same change as its reference.
+Each long run gets a truth from what training did:
 - **diverges**: the weights went: a loss non-finite (from which step) whose weights are inf/NaN
   or whose loss recomputed in fp32 on the final weights is off fp32's held-out loss beyond the
   noise, parameters inf/NaN at the end, or a scaler that took at most half of the steps or
@@ -47,7 +48,7 @@ from harness.lab.diagnose.rules import (
     loss_floor,
     window,
 )
-from harness.lab.diagnose.runs import Replay, Setting, run_recipe, seed_spread
+from harness.lab.diagnose.runs import Redraw, Replay, Setting, run_recipe, seed_spread
 
 HELD_OUT = 4  # batches after the trained ones, scored in eval mode at the end
 DIVERGES, HARMED, FINE = "diverges", "harmed", "trains as fp32"
@@ -57,14 +58,16 @@ LOGGED_OVERFLOW = "the logged loss overflows"  # the value reported went, not th
 
 def verify(
     diagnosis: Diagnosis, initial: nn.Module, replay: Replay, held_out: list, setting: Setting,
-    fixes: dict[str, Fix],
+    fixes: dict[str, Fix], redraw: Redraw | None = None,
 ) -> dict:  # fmt: skip
     """The long runs' truths against the quick look's statuses, as a JSON-able dict:
     steps, noise, rows (one per recipe: predicted, truth, why, held) and fixes (one per fix:
     recipe, fix, reference, truth, why, held)."""
     long = {"held_out": held_out, "watch": False}
     reference, _ = run_recipe(REFERENCE, initial, replay, setting, **long)
-    spread, note = seed_spread(initial, replay, setting, reorder=True, held_out=held_out)
+    spread, note = seed_spread(
+        initial, replay, setting, redraw=redraw, reorder=True, held_out=held_out
+    )
     noise = Noise(
         # The reordered runs' loss curves are on other batches: their held-out loss alone.
         max(end_gap(run.loss, reference.loss) for run in spread[::2]),
