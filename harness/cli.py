@@ -646,7 +646,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     found = diagnose.diagnose(
         args.factory, devices.resolve(args.device, "--device"), steps=args.steps, lr=args.lr,
         optimizer=args.optimizer, names=args.recipes or diagnose.RECIPES, horizon=args.horizon,
-        verify=args.verify, step_limit_s=args.step_timeout or None,
+        verify=args.verify, seeds=args.seeds, step_limit_s=args.step_timeout or None,
         compile_backend=args.compile,
     )  # fmt: skip
     width = shutil.get_terminal_size((100, 24)).columns
@@ -818,6 +818,13 @@ def parser() -> argparse.ArgumentParser:
         "--verify", type=int, default=0, metavar="N",
         help="then train N steps under each recipe and each recommended fix, and say whether "
         "the quick look's judgement held (the ground truth; slower)",
+    )  # fmt: skip
+    diag.add_argument(
+        "--seeds", type=int, default=1, metavar="K",
+        help="with --verify: train every recipe and fix from K initialisations (6 to 16; the "
+        "factory's own seeds where it takes `seed`) beside fp32 from the same ones, and call a "
+        "gap only where it is consistent (a paired sign-flip test, p < 0.05) and beyond fp32's "
+        "seed spread: a gap under a rerun's spread shows; K times --verify's cost",
     )  # fmt: skip
     diag.add_argument(
         "--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",

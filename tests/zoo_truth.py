@@ -47,6 +47,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from harness.lab.stats import sign_flip_p  # a statistic, no judgement of diagnose's
+
 RECIPES = ("fp32", "amp-fp16", "amp-fp16-noscaler", "amp-bf16", "half")
 LR = 1e-3  # diagnose's default, so that the truth is about the setting diagnose judged
 ADAM_EPS = 1e-8  # torch's default
@@ -343,18 +345,6 @@ def train_paired(ref: Paired, recipe: str, **setting) -> list[Trained]:
         train(task, recipe, seed, **setting)
         for seed, task in zip(ref.seeds, ref.tasks, strict=True)
     ]
-
-
-def sign_flip_p(gaps: Sequence[float]) -> float:
-    """The exact two-sided p of the gaps' mean under "no effect" (each gap's sign a coin toss):
-    the share of the 2**K sign patterns whose mean is as far from 0 as the observed one."""
-    observed = abs(sum(gaps)) * (1 - 1e-12)  # a tie (the observed pattern itself) counts
-    sizes = [abs(g) for g in gaps]
-    hits = sum(
-        abs(sum(sign * size for sign, size in zip(signs, sizes, strict=True))) >= observed
-        for signs in itertools.product((1, -1), repeat=len(sizes))
-    )
-    return hits / 2 ** len(sizes)
 
 
 def judge_paired(runs: Sequence[Trained], ref: Paired) -> Truth:

@@ -19,7 +19,9 @@ this catalogue is one.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,3 +107,16 @@ def paired_difference(a, b, confidence: float = 0.95) -> Difference:
         float(diff.mean()), float(interval.low), float(interval.high), float(result.pvalue),
         diff.size, confidence,
     )  # fmt: skip
+
+
+def sign_flip_p(gaps: Sequence[float]) -> float:
+    """The exact two-sided p of paired gaps' mean under "no effect" (each gap's sign a coin toss):
+    the share of the 2**K sign patterns whose mean is as far from 0 as the observed one. No model
+    of the gaps' distribution: K seeds' training runs are few, and their gaps far from normal."""
+    observed = abs(sum(gaps)) * (1 - 1e-12)  # a tie (the observed pattern itself) counts
+    sizes = [abs(g) for g in gaps]
+    hits = sum(
+        abs(sum(sign * size for sign, size in zip(signs, sizes, strict=True))) >= observed
+        for signs in itertools.product((1, -1), repeat=len(sizes))
+    )
+    return hits / 2 ** len(sizes)

@@ -153,8 +153,10 @@ def _wrapped(console: Console, text: str, width: int, indent: str) -> None:
 
 def _render_verify(console: Console, verify: dict, width: int) -> None:
     """--verify's truths: each recipe's prediction against what N steps of training did."""
+    seeds = verify.get("seeds", 1)  # diagnoses kept before --seeds have none
+    paired = f", paired over {seeds} seeds" if seeds > 1 else ""
     console.print(
-        f"verified over {verify['steps']} steps (fp32's own spread: loss "
+        f"verified over {verify['steps']} steps{paired} (fp32's own spread: loss "
         f"{verify['noise']:.3g}, held-out {verify['held_out_noise']:.3g}):",
         style="bold", markup=False, highlight=False,
     )  # fmt: skip

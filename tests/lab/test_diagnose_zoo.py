@@ -256,13 +256,6 @@ def test_the_paired_truth_calls_a_divergence_on_any_seed():
     assert truth.why.startswith("on 1 of 8 seeds (seed 5: loss non-finite from step 4")
 
 
-def test_the_sign_flip_p_is_exact():
-    """All K gaps of one sign: 2 of the 2**K patterns are as extreme (all +, all -)."""
-    assert zoo_truth.sign_flip_p([0.1] * 6) == 2 / 64
-    assert zoo_truth.sign_flip_p([0.1, -0.1]) == 1.0
-    assert zoo_truth.sign_flip_p([0.3, 0.1, 0.1]) == 2 / 8  # only +++ and --- reach |0.5|
-
-
 def test_a_paired_truth_needs_enough_seeds_to_show_a_gap():
     with pytest.raises(ValueError, match="6 to 16 seeds, not 5"):
         zoo_truth.paired_reference(zoo.healthy, 10, range(5))

@@ -63,3 +63,12 @@ def test_a_spread_within_rounding_is_no_spread():
     """Interpolated measurements: 20 steps late on every seed, give or take the last bit."""
     diff = paired_difference([30.0, 31.0, 32.0], [50.0, 51.000000000000004, 52.0])
     assert diff.no_spread and not diff.decidable
+
+
+def test_the_sign_flip_p_is_exact():
+    """All K gaps of one sign: 2 of the 2**K patterns are as extreme (all +, all -)."""
+    from harness.lab.stats import sign_flip_p
+
+    assert sign_flip_p([0.1] * 6) == 2 / 64
+    assert sign_flip_p([0.1, -0.1]) == 1.0
+    assert sign_flip_p([0.3, 0.1, 0.1]) == 2 / 8  # only +++ and --- reach |0.5|

@@ -56,7 +56,6 @@ from harness.lab.diagnose.rules import (  # noqa: F401  (the names a scenario as
     judge,
 )
 from harness.lab.diagnose.runs import (
-    NOISE_SEEDS,
     Redraw,
     Replay,
     Setting,
@@ -235,12 +234,14 @@ def diagnose(
     names: Iterable[str] = RECIPES,
     horizon: int = HORIZON,
     verify: int = 0,
+    seeds: int = 1,
     step_limit_s: float | None = None,
     compile_backend=None,
 ) -> Diagnosis:
     """Train `steps` steps of the subject under each recipe (fp32 first) and judge each; with
     `verify`, train that many steps more under each recipe and each fix, and say whether the
-    judgement held; with `compile_backend` (a torch.compile backend: "inductor", "aot_eager",
+    judgement held (each recipe from `seeds` initialisations, judged paired, where `seeds` > 1);
+    with `compile_backend` (a torch.compile backend: "inductor", "aot_eager",
     or a callable), run each recipe again compiled and hold it against its eager run.
 
     `make`: the factory (or its "module:function" name, or a Subject). Errors of the subject
@@ -251,6 +252,15 @@ def diagnose(
         raise DiagnoseError(f"--steps {steps}: diagnose needs at least 2 steps")
     if verify and verify < steps:
         raise DiagnoseError(f"--verify {verify}: at least --steps ({steps}) steps")
+    if seeds != 1 and not verify:
+        raise DiagnoseError(f"--seeds {seeds}: the seeds are --verify's; give --verify N too")
+    if seeds != 1 and not truth.PAIRED_MIN_SEEDS <= seeds <= truth.PAIRED_MAX_SEEDS:
+        raise DiagnoseError(
+            f"--seeds {seeds}: a paired test over fewer than {truth.PAIRED_MIN_SEEDS} seeds can "
+            f"never reach p < {truth.ALPHA} (all 5 gaps on one side is p = 2/32); give "
+            f"{truth.PAIRED_MIN_SEEDS} to {truth.PAIRED_MAX_SEEDS}, or leave --seeds out for "
+            "one run per recipe against fp32's seed spread"
+        )
     names = [REFERENCE, *(n for n in names if n != REFERENCE)]
     for name in names:
         recipes.get(name)  # an unknown recipe is an error before anything runs
@@ -279,6 +289,7 @@ def diagnose(
             diagnosis.verify = truth.verify(
                 diagnosis, initial, Replay(taken[:verify], found.loss), taken[verify:], setting,
                 {name: _fix(run) for name, run in diagnosis.runs.items() if _fix(run)}, redraw,
+                seeds,
             )  # fmt: skip
     except StepTimeout as exc:
         raise DiagnoseError(f"factory {spec!r}: {exc}") from exc
@@ -320,8 +331,7 @@ def factory_seeds(spec: str, factory, initial: nn.Module) -> Redraw | None:
                 "parameter shapes than its first; diagnose re-calls it for fp32's seed spread. "
                 "Fix: let `seed` change the initial weights only"
             )
-        seeds = " and ".join(f"seed={s}" for s in NOISE_SEEDS)
-        return model, f"fp32's seed spread: the factory's own initialisation under {seeds}"
+        return model, "fp32's seed spread: the factory's own initialisation under other seeds"
 
     return redraw
 

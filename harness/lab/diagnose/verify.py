@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from torch import nn
 
-from harness.lab import recipes
+from harness.lab import recipes, stats
 from harness.lab.diagnose.fixes import Fix
 from harness.lab.diagnose.rules import (
     NOISE_FACTOR,
@@ -48,9 +48,23 @@ from harness.lab.diagnose.rules import (
     loss_floor,
     window,
 )
-from harness.lab.diagnose.runs import Redraw, Replay, Setting, run_recipe, seed_spread
+from harness.lab.diagnose.runs import (
+    Redraw,
+    Replay,
+    Setting,
+    reinitialised,
+    run_recipe,
+    seed_spread,
+)
 
 HELD_OUT = 4  # batches after the trained ones, scored in eval mode at the end
+# --verify --seeds: a gap is called where a paired sign-flip test over the seeds puts its mean
+# under ALPHA (six seeds at least: all six gaps on one side is p = 2/64, five could never reach
+# it) and it is beyond fp32's seed spread and PAIRED_MARGIN of fp32's loss.
+ALPHA = 0.05
+PAIRED_MIN_SEEDS = 6
+PAIRED_MAX_SEEDS = 16  # 2**16 sign patterns per gap: the exact test stays under a second
+PAIRED_MARGIN = 0.01
 DIVERGES, HARMED, FINE = "diverges", "harmed", "trains as fp32"
 DIFFERS = "differs from fp32"  # better than fp32 beyond its seed spread: another run
 LOGGED_OVERFLOW = "the logged loss overflows"  # the value reported went, not the weights
@@ -58,31 +72,49 @@ LOGGED_OVERFLOW = "the logged loss overflows"  # the value reported went, not th
 
 def verify(
     diagnosis: Diagnosis, initial: nn.Module, replay: Replay, held_out: list, setting: Setting,
-    fixes: dict[str, Fix], redraw: Redraw | None = None,
+    fixes: dict[str, Fix], redraw: Redraw | None = None, seeds: int = 1,
 ) -> dict:  # fmt: skip
     """The long runs' truths against the quick look's statuses, as a JSON-able dict:
-    steps, noise, rows (one per recipe: predicted, truth, why, held) and fixes (one per fix:
-    recipe, fix, reference, truth, why, held)."""
+    steps, seeds, noise, rows (one per recipe: predicted, truth, why, held) and fixes (one per
+    fix: recipe, fix, reference, truth, why, held). With `seeds` > 1, every run is trained from
+    that many initialisations (`initial`, then `redraw`'s) and judged paired (`_paired_truth`)."""
     long = {"held_out": held_out, "watch": False}
-    reference, _ = run_recipe(REFERENCE, initial, replay, setting, **long)
-    spread, note = seed_spread(
-        initial, replay, setting, redraw=redraw, reorder=True, held_out=held_out
-    )
-    noise = Noise(
-        # The reordered runs' loss curves are on other batches: their held-out loss alone.
-        max(end_gap(run.loss, reference.loss) for run in spread[::2]),
-        max(_held_gap(run, reference) for run in spread),
-    )
+    weights, note = [initial], ""
+    if seeds > 1:
+        weights, note = _initialisations(initial, redraw, seeds)
+
+    def trained(name: str, fix: Fix | None = None) -> list[Run]:
+        return [run_recipe(name, w, replay, setting, fix=fix, **long)[0] for w in weights]
+
+    references = trained(REFERENCE)
+    if seeds > 1:
+        noise = Noise(
+            statistics.stdev(_end(r.loss) for r in references),
+            statistics.stdev(r.held_out_loss or 0.0 for r in references),
+        )
+
+        def judged(runs: list[Run], against: list[Run]) -> tuple[str, str]:
+            return _paired_truth(runs, against, noise)
+    else:
+        reference = references[0]
+        spread, note = seed_spread(
+            initial, replay, setting, redraw=redraw, reorder=True, held_out=held_out
+        )
+        noise = Noise(
+            # The reordered runs' loss curves are on other batches: their held-out loss alone.
+            max(end_gap(run.loss, reference.loss) for run in spread[::2]),
+            max(_held_gap(run, reference) for run in spread),
+        )
+
+        def judged(runs: list[Run], against: list[Run]) -> tuple[str, str]:
+            return _truth(runs[0], against[0], noise)
+
     rows = []
     for name, quick in diagnosis.runs.items():
         if quick.status in (NOT_RUN,) or quick.unsupported:
             continue
-        run = (
-            reference
-            if name == REFERENCE
-            else run_recipe(name, initial, replay, setting, **long)[0]
-        )
-        truth, why = _truth(run, reference, noise)
+        runs = references if name == REFERENCE else trained(name)
+        truth, why = judged(runs, references)
         rows.append(
             {
                 "recipe": name,
@@ -90,32 +122,45 @@ def verify(
                 "truth": truth,
                 "why": why,
                 "held": None if quick.status == REFERENCE_STATUS else _held(quick.status, truth),
-                "loss": _end(run.loss),
-                "held_out_loss": run.held_out_loss,
+                "loss": _mean(_end(run.loss) for run in runs),
+                "held_out_loss": _mean(run.held_out_loss for run in runs),
             }
         )
     checked = []
     for name, fix in fixes.items():
-        run, _ = run_recipe(name, initial, replay, setting, fix=fix, **long)
-        against = reference
+        runs = trained(name, fix)
+        against = references
         if fix.adam_eps is not None:  # the fix's own change to AdamW is not fp16's doing
-            against, _ = run_recipe(
-                REFERENCE, initial, replay, setting, fix=Fix(REFERENCE, adam_eps=fix.adam_eps),
-                **long,
-            )  # fmt: skip
-        truth, why = _truth(run, against, noise)
+            against = trained(REFERENCE, Fix(REFERENCE, adam_eps=fix.adam_eps))
+        truth, why = judged(runs, against)
         checked.append(
-            {"recipe": name, "fix": fix.describe(), "reference": against.fix or REFERENCE,
+            {"recipe": name, "fix": fix.describe(), "reference": against[0].fix or REFERENCE,
              "truth": truth, "why": why, "held": truth == FINE}
         )  # fmt: skip
     return {
         "steps": len(replay.taken),
+        "seeds": seeds,
         "noise": noise.loss,
         "held_out_noise": noise.held_out,
         "noise_note": note,
         "rows": rows,
         "fixes": checked,
     }
+
+
+def _initialisations(
+    initial: nn.Module, redraw: Redraw | None, seeds: int
+) -> tuple[list[nn.Module], str]:
+    """`initial` and `seeds` - 1 more initialisations (seeds 1, 2, ...), and how they were drawn."""
+    redraw = redraw or (lambda seed: reinitialised(initial, seed))
+    drawn = [redraw(seed) for seed in range(1, seeds)]
+    notes = {note for _model, note in drawn} - {""}
+    return [initial, *(model for model, _note in drawn)], next(iter(notes), "")
+
+
+def _mean(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
 
 
 class Noise(NamedTuple):
@@ -137,6 +182,16 @@ def _end(loss: list[float]) -> float | None:
 
 def _truth(run: Run, reference: Run, noise: Noise) -> tuple[str, str]:
     """What training did, in one word and the numbers behind it."""
+    went = _went(run, reference, noise)
+    if went:
+        return went
+    if run is reference:
+        return FINE, f"end loss {_end(run.loss):.4g}, held-out {run.held_out_loss:.4g}"
+    return _compared(run, reference, noise)
+
+
+def _went(run: Run, reference: Run, noise: Noise) -> tuple[str, str] | None:
+    """Diverged, or its logged loss overflowed; None where training went through."""
     if run.error:
         return DIVERGES, f"raised {run.error}"
     bad = run.first_nonfinite_loss()
@@ -159,9 +214,7 @@ def _truth(run: Run, reference: Run, noise: Noise) -> tuple[str, str]:
             f"the scaler took {taken} of {len(run.skips)} steps, scale {run.scale[0]:g} -> "
             f"{run.scale[-1]:g}"
         )
-    if run is reference:
-        return FINE, f"end loss {_end(run.loss):.4g}, held-out {run.held_out_loss:.4g}"
-    return _compared(run, reference, noise)
+    return None
 
 
 def _off(loss: float | None, reference: Run, noise: Noise) -> bool:
@@ -206,6 +259,56 @@ def _compared(run: Run, reference: Run, noise: Noise) -> tuple[str, str]:
     if better:
         return DIFFERS, "; ".join([*words, "better beyond the spread: not fp32's run"])
     return FINE, "; ".join(words)
+
+
+def _paired_truth(runs: list[Run], references: list[Run], noise: Noise) -> tuple[str, str]:
+    """What training did over the seeds, each run against fp32 from its own initialisation:
+    diverges (or its logged loss overflows) on any seed; harmed, or differs from fp32, where the
+    mean relative gap is consistent (sign_flip_p under ALPHA) and beyond fp32's seed spread (its
+    standard deviation, relative), PAIRED_MARGIN and the loss floor; trains as fp32 otherwise."""
+    count = len(runs)
+    went = [(seed, found) for seed, (run, reference) in enumerate(zip(runs, references,
+            strict=True)) if (found := _went(run, reference, noise))]  # fmt: skip
+    for kind in (DIVERGES, LOGGED_OVERFLOW):
+        on = [(seed, why) for seed, (truth, why) in went if truth == kind]
+        if on:
+            seed, why = on[0]
+            return kind, f"on {len(on)} of {count} seeds (seed {seed}: {why})"
+    if runs is references:
+        return FINE, (
+            f"end loss {_mean(_end(r.loss) for r in runs):.4g}, held-out "
+            f"{_mean(r.held_out_loss for r in runs):.4g} on average over {count} seeds"
+        )
+    measures = [("loss", lambda r: _end(r.loss))]
+    if all(r.held_out_loss is not None for r in [*runs, *references]):
+        measures.append(("held-out loss", lambda r: r.held_out_loss))
+    words, beyond = [], []
+    for what, value in measures:
+        base = [value(r) for r in references]
+        floors = [loss_floor(r) for r in references]
+        gaps = [(value(run) - b) / max(abs(b), floor)
+                for run, b, floor in zip(runs, base, floors, strict=True)]  # fmt: skip
+        mean, p = statistics.fmean(gaps), stats.sign_flip_p(gaps)
+        middle = abs(statistics.fmean(base))
+        spread = statistics.stdev(base) / max(middle, statistics.fmean(floors))
+        floor = statistics.fmean(floors) / max(middle, statistics.fmean(floors))
+        words.append(
+            f"{what} {mean:+.2%} on average over {count} seeds (p {p:.2g}; fp32's seed spread "
+            f"±{spread:.2%})"
+        )
+        if p < ALPHA and abs(mean) > max(spread, PAIRED_MARGIN, floor):
+            beyond.append(mean)
+    why = "; ".join(words)
+    if any(mean > 0 for mean in beyond):
+        return HARMED, why
+    learned = _mean(r.loss[0] - _end(r.loss) for r in references)
+    own = _mean(r.loss[0] - _end(r.loss) for r in runs)
+    floor = _mean(loss_floor(r) for r in references)
+    if learned > max(NOISE_FACTOR * noise.loss, floor) and own < learned / 2:
+        return HARMED, f"{why}; learned {own / learned:.0%} of what fp32 learned"
+    if beyond:
+        return DIFFERS, f"{why}: consistently better beyond the spread, not fp32's run"
+    return FINE, why
 
 
 def _held(predicted: str, truth: str) -> bool:
