@@ -863,7 +863,7 @@ def test_diagnose_verifies_paired_over_the_factorys_seeds():
     assert "the factory's own initialisation" in found.verify["noise_note"]
     for seeds, verify_steps, said in (
         (5, 4, "can never reach p < 0.05"),
-        (17, 4, "give 6 to 16"),
+        (17, 4, "2\\*\\*17 sign patterns for each gap.*give 6 to 16"),
         (6, 0, "the seeds are --verify's"),
     ):
         with pytest.raises(diagnose.DiagnoseError, match=said):

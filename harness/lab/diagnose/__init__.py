@@ -255,11 +255,16 @@ def diagnose(
     if seeds != 1 and not verify:
         raise DiagnoseError(f"--seeds {seeds}: the seeds are --verify's; give --verify N too")
     if seeds != 1 and not truth.PAIRED_MIN_SEEDS <= seeds <= truth.PAIRED_MAX_SEEDS:
+        why = (
+            f"a paired test over fewer than {truth.PAIRED_MIN_SEEDS} seeds can never reach p < "
+            f"{truth.ALPHA} (all {truth.PAIRED_MIN_SEEDS - 1} gaps on one side is p = "
+            f"2/{2 ** (truth.PAIRED_MIN_SEEDS - 1)})"
+            if seeds < truth.PAIRED_MIN_SEEDS
+            else f"its exact test would weigh 2**{seeds} sign patterns for each gap it judges"
+        )
         raise DiagnoseError(
-            f"--seeds {seeds}: a paired test over fewer than {truth.PAIRED_MIN_SEEDS} seeds can "
-            f"never reach p < {truth.ALPHA} (all 5 gaps on one side is p = 2/32); give "
-            f"{truth.PAIRED_MIN_SEEDS} to {truth.PAIRED_MAX_SEEDS}, or leave --seeds out for "
-            "one run per recipe against fp32's seed spread"
+            f"--seeds {seeds}: {why}; give {truth.PAIRED_MIN_SEEDS} to {truth.PAIRED_MAX_SEEDS}, "
+            "or leave --seeds out for one run per recipe against fp32's seed spread"
         )
     names = [REFERENCE, *(n for n in names if n != REFERENCE)]
     for name in names:
