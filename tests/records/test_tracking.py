@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import socket
 import subprocess
@@ -188,15 +189,6 @@ def test_one_batch_per_test_beats_per_step_logging(tmp_path, empty_store):
     # The issue priced 1000 steps: 27.8 s per-step vs 0.7 s batched. A third of that shows the
     # same gap (per-step costs grow with the steps, the batch barely) for a third of the time.
     steps = 300
-    record = Record(
-        "scenarios/x.py::t",
-        ["PRACTICE-SMOKE"],
-        "cpu",
-        tmp_path,
-        outcome="passed",
-        ended=time.time(),
-        histories={"loss": [float(i) for i in range(steps)]},
-    )
     session = {
         "session_id": "s",
         "name": "bench",
@@ -206,15 +198,28 @@ def test_one_batch_per_test_beats_per_step_logging(tmp_path, empty_store):
     }
     sink = MlflowSink(uri, reports=tmp_path)
     sink.start_session(session)
-    started = time.perf_counter()
-    sink.log_record(session, record)
-    batched = time.perf_counter() - started
     client = MlflowClient(uri)
-    run_id = client.create_run(sink.experiment_id()).info.run_id
-    started = time.perf_counter()
-    for step, value in enumerate(record.histories["loss"]):
-        client.log_metric(run_id, "loss", value, step=step)
-    per_step = time.perf_counter() - started
+    # The fastest of two of each: one slow call on a shared machine (a batch of 0.62 s where
+    # under 0.1 s is usual, in a loaded CI run) is the machine's, not the method's.
+    batched = per_step = math.inf
+    for attempt in range(2):
+        record = Record(
+            f"scenarios/x.py::t{attempt}",
+            ["PRACTICE-SMOKE"],
+            "cpu",
+            tmp_path,
+            outcome="passed",
+            ended=time.time(),
+            histories={"loss": [float(i) for i in range(steps)]},
+        )
+        started = time.perf_counter()
+        sink.log_record(session, record)
+        batched = min(batched, time.perf_counter() - started)
+        run_id = client.create_run(sink.experiment_id()).info.run_id
+        started = time.perf_counter()
+        for step, value in enumerate(record.histories["loss"]):
+            client.log_metric(run_id, "loss", value, step=step)
+        per_step = min(per_step, time.perf_counter() - started)
     assert sink.down is None
     print(f"{steps}-step history: one log_batch {batched:.2f} s, per-step calls {per_step:.2f} s")
     assert per_step > 3 * batched, (
