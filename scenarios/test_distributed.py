@@ -219,7 +219,7 @@ def fsdp2_inf_shard(ctx: RankContext) -> dict:
     of each parameter, computes in fp16, and reduces gradients in fp32 into fp32 shards. A clean
     step steps every rank (the control); then an inf in rank 1's shard alone must stop every
     rank's step, as ShardedGradScaler all-reduces its found-inf flag."""
-    seen = devices.PROBES["fsdp2"](ctx.device.type)  # in this rank: what its torch has
+    seen = devices.DEFERRED_PROBES["fsdp2"](ctx.device.type)  # in this rank: what its torch has
     if not seen.works:  # the test judges it by the capability table: a skip or a regression
         return {"absent": seen.saw}
     if ctx.device.type == "cpu" and releases.release() < FSDP2_ON_CPU.torch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _pytest.pytester import Pytester, SysModulesSnapshot
 
 # xdist_groups: --dist loadgroup keeps each xdist_group on one worker under pytest 9.2 too.
 pytest_plugins = ["pytester", "xdist_groups"]
@@ -38,7 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     if not worker and config.getoption("dist", "no") != "no":
         return  # the controller of `pytest -n N` runs no test: its workers import what they need
-    _import_before_any_nested_session()
+    _keep_installed_modules_across_nested_sessions()
     if worker:
         import torch
 
@@ -50,21 +52,23 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _import_before_any_nested_session() -> None:
-    """Imported once, before any nested session: pytester's in-process runs drop the modules
-    they imported, and importing these a second time breaks them:
-    - MLflow's SQLAlchemy store (SQLAlchemy's caches hold the first import's classes);
-    - torch._dynamo, imported by optimizer.step() ("Only a single TORCH_LIBRARY can be used to
-      register the namespace _inductor_test");
-    - matplotlib ("'Figure' object has no attribute 'items'" in the next figure drawn)."""
-    import matplotlib.figure  # noqa: F401
-    import torch._dynamo  # noqa: F401
+def _keep_installed_modules_across_nested_sessions() -> None:
+    """pytester's in-process runs restore sys.modules at their end, dropping every module they
+    imported, and a library's module imported a second time breaks: torch's operator
+    registrations ("Only a single TORCH_LIBRARY can be used to register the namespace
+    quantized_decomposed": a nested session was the first to run torchao's float8 and a later
+    test built a transformers model), SQLAlchemy's caches behind MLflow's store, matplotlib's
+    figures. pytester keeps zope's and readline's modules for the same reason; here every
+    installed distribution's and the standard library's are kept, and a nested session drops
+    only what it collected itself (scenario modules, the files a test wrote)."""
+    installed = {*importlib.metadata.packages_distributions(), *sys.stdlib_module_names}
 
-    try:
-        import mlflow.store.tracking.rest_store  # noqa: F401
-        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
-    except ImportError:  # an offline GPU runner without the wheelhouse: gpu-check --no-mlflow
-        pass
+    def kept(name: str) -> bool:
+        return name.partition(".")[0] in installed
+
+    take = "_Pytester__take_sys_modules_snapshot"
+    assert hasattr(Pytester, take), f"pytest no longer has Pytester.{take}: see this function"
+    setattr(Pytester, take, lambda _pytester: SysModulesSnapshot(preserve=kept))
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own order (by fixture)

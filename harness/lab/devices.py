@@ -12,8 +12,8 @@ Each capability a scenario needs (`@pytest.mark.requires(...)`) is, on the sessi
   and the claims it checks: a broken feature must never pass for a missing one.
 
 Most probes run when the device is probed, at the start of a session; those that take seconds
-(inductor_compile's torch.compile, fused_optimizers' import of dynamo) are in DEFERRED_PROBES
-and run the first time a test asks for their capability.
+(inductor_compile's torch.compile, fused_optimizers' import of dynamo, fsdp2's of FSDP) are in
+DEFERRED_PROBES and run the first time a test asks for their capability.
 
 A team declares capabilities of its own beside its scenarios (`scenarios/capabilities.py`, the
 list CAPABILITIES of `Capability(name, text, probe, expected)`); the plugin loads them with
@@ -352,7 +352,6 @@ PROBES = {
     "fp8_scaled_mm": _probe_fp8_scaled_mm,
     "fp8_rowwise_scaled_mm": lambda device: _probe_fp8_scaled_mm(device, rowwise=True),
     "gloo": _probe_gloo,
-    "fsdp2": _probe_fsdp2,
     "bf16_rnn": lambda device: _probe_rnn(device, torch.bfloat16),
     "fp16_rnn": lambda device: _probe_rnn(device, torch.float16),
     "bf16_matmul_kernel": lambda device: _probe_matmul_kernel(device, torch.bfloat16),
@@ -363,10 +362,12 @@ PROBES = {
 # every session and isolated worker, most of which never ask: a torch.compile (importing dynamo
 # and inductor alone takes about 3 s on 2 cores, a first C++ build 10 s more), building an
 # optimizer (torch.optim's constructors import dynamo: 1.7 s, a third of a session's start-up),
-# and torchao's float8 training.
+# importing FSDP2 (0.8 s; in every session and xdist worker, where only the distributed
+# scenario asks), and torchao's float8 training.
 DEFERRED_PROBES = {
     "inductor_compile": _probe_inductor_compile,
     "fused_optimizers": _probe_fused_optimizers,
+    "fsdp2": _probe_fsdp2,
     "torchao_float8": _probe_torchao_float8,  # importing torchao: seconds, and it prints
 }
 

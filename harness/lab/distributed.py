@@ -41,6 +41,10 @@ from harness.common.errors import HarnessError
 
 SETUP_ENV = "AMP_HARNESS_RANK_SETUP"
 GRACE_S = 3.0  # how long the other ranks get to finish once one has failed
+# What the fork server imports once for all its ranks: besides torch, what a rank would import
+# itself each time: DistributedDataParallel's constructor imports dynamo (0.9 s of CPU a rank),
+# the FSDP2 rehearsal FSDP. A module that fails to import is skipped by the fork server.
+PRELOADED = ["torch", "torch.distributed", "torch._dynamo", "torch.distributed.fsdp", __name__]
 
 
 class RankError(HarnessError):
@@ -182,8 +186,9 @@ def _rank_starter():
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed", __name__])
+    context.set_forkserver_preload(PRELOADED)
     return context
+
 
 
 def _wait(processes, folder: Path, deadline: float, timeout_s: float) -> list[str]:

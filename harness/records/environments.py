@@ -42,10 +42,19 @@ def fact(facts: Mapping[str, str], name: str) -> str:
 def identity(facts: Mapping[str, str]) -> dict[str, str]:
     """The facts that make an environment: device, hardware class and what the kernels in
     force can do, GPU, driver, CUDA, cuDNN, NCCL, oneDNN, torch, Python, the TF32 and
-    reduced-precision flags."""
+    reduced-precision flags. Not the probed capabilities (`capability.*`): they follow from
+    those, and which of them a fingerprint holds changes with the harness (a probe added, or
+    deferred until a test asks), which must not split one environment in two."""
     return {
-        k: v for k, v in facts.items() if k not in RUN_FACTS and not DESCRIPTIVE_FACTS.fullmatch(k)
-    }
+        k: v for k, v in facts.items()
+        if k not in RUN_FACTS and not DESCRIPTIVE_FACTS.fullmatch(k)
+        and not k.startswith(CAPABILITY)
+    }  # fmt: skip
+
+
+def capabilities(facts: Mapping[str, str]) -> dict[str, str]:
+    """The probed capabilities among `facts` (`capability.bf16_rnn`: yes)."""
+    return {k: v for k, v in facts.items() if k.startswith(CAPABILITY)}
 
 
 def hardware_class(facts: Mapping[str, str]) -> str:

@@ -403,11 +403,16 @@ def _environments(runs: list, link, now: float) -> list[Environment]:
     """The ledger's columns: per environment, per test, its latest run since the environment's
     latest complete session (the module docstring says why)."""
     by_env: dict[tuple, list[Session]] = defaultdict(list)
-    for facts, session in _sessions(runs, link):
+    probed: dict[tuple, dict[str, str]] = defaultdict(dict)
+    for facts, session in sorted(_sessions(runs, link), key=lambda found: found[1].started):
         session.age = _age(now - session.started)
-        by_env[tuple(sorted(envs.identity(facts).items()))].append(session)
+        key = tuple(sorted(envs.identity(facts).items()))
+        by_env[key].append(session)
+        # The capabilities its sessions probed, the newest last: not part of what makes the
+        # environment, but what the hardware attribution reads.
+        probed[key].update(envs.capabilities(facts))
     columns = [
-        _column(dict(identity), envs.label(dict(identity)), group)
+        _column(dict(identity) | probed[identity], envs.label(dict(identity)), group)
         for identity, group in by_env.items()
     ]
     # By hardware class, then torch release as numbers (2.4 before 2.13), then the rest.

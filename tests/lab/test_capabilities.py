@@ -219,7 +219,9 @@ def test_tf32_is_never_expected_of_the_cpu():
     lack = cpu.missing("tf32")
     assert not lack.regression and "not expected on cpu" in lack.reason
     # This machine: everything expected of it works.
-    assert not any((lack := cpu.missing(need)) and lack.regression for need in devices.PROBES)
+    assert not any(
+        (lack := cpu.missing(need)) and lack.regression for need in (*devices.PROBES, "fsdp2")
+    )
 
 
 def test_a_probe_that_warns_or_raises_says_what_it_saw():

@@ -401,6 +401,9 @@ def test_an_environment_is_what_changes_behaviour_not_the_commit():
     assert identity(CPU) == identity(DIRTY)
     assert identity(CPU) != identity(GPU)
     assert "torch" in identity(CPU) and "git_commit" not in identity(CPU)
+    # A harness that probes FSDP2 only when a test asks records no capability.fsdp2 at the
+    # start: the same machine and torch, one environment.
+    assert identity({**CPU, "capability.fsdp2": "yes"}) == identity(CPU)
 
 
 def parent_run(status: str, end_time: int | None, tags=None, **metrics: float) -> SimpleNamespace:

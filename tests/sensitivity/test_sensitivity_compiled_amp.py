@@ -16,33 +16,11 @@ import os
 
 import pytest
 import torch
-from conftest import Toy, assert_failed_on, assert_fails_naming, load_scenario
-
-from harness.lab import devices
+from conftest import Toy, assert_failed_on, assert_fails_naming
 
 MODULE = "test_compiled_amp.py"
 AOT_ONLY = Toy(BACKENDS=("aot_eager",))
 _compile, _autocast = torch.compile, torch.autocast
-
-
-@pytest.fixture(scope="module")
-def compiled_once():
-    """The block compiled once with aot_eager in this process, forward and backward under
-    autocast, before any nested session: a first compile imports some 600 modules of dynamo,
-    AOTAutograd and inductor, which a nested session would drop at its end (pytester restores
-    sys.modules), and torch's compiler modules imported a second time break ("Only a single
-    TORCH_LIBRARY can be used to register the namespace"). Dynamic shapes add only sympy's
-    modules, imported here rather than traced for (a dynamic trace takes seconds)."""
-    import sympy.combinatorics  # noqa: F401
-    import sympy.sets.setexpr  # noqa: F401
-    import sympy.tensor.tensor  # noqa: F401
-
-    scenario = load_scenario(MODULE)
-    cpu = devices.probe("cpu")
-    model = scenario._block(cpu)
-    call = _compile(model, backend="aot_eager", fullgraph=True)
-    scenario._forward_backward(model, call, scenario._batch(cpu), torch.bfloat16, cpu)
-    torch._dynamo.reset()
 
 
 def _compile_wrapped(monkeypatch, wrap) -> None:
@@ -59,13 +37,11 @@ def _run(run_scenario, select: str):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("compiled_once")
 def test_the_module_passes_unbroken(run_scenario):
     run_scenario(MODULE, plugins=(AOT_ONLY,)).assert_outcomes(passed=10)
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("compiled_once")
 def test_a_compiled_call_that_drops_autocast_fails_the_dtypes(run_scenario, monkeypatch):
     def dropping(fn, compiled, kwargs):
         def call(*args):
@@ -81,7 +57,6 @@ def test_a_compiled_call_that_drops_autocast_fails_the_dtypes(run_scenario, monk
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("compiled_once")
 def test_a_disabled_region_that_stays_in_autocast_fails_the_region(run_scenario, monkeypatch):
     """autocast(enabled=False) made a no-op: the region's Linears run in the outer region's
     dtype, in eager (the control) and compiled."""
@@ -98,7 +73,6 @@ def test_a_disabled_region_that_stays_in_autocast_fails_the_region(run_scenario,
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("compiled_once")
 def test_a_compiled_call_that_keeps_its_first_dtype_fails_the_switch(run_scenario, monkeypatch):
     """The graph of the first call's autocast dtype served to every later call, as a guard
     blind to the autocast state would."""
@@ -122,7 +96,6 @@ def test_a_compiled_call_that_keeps_its_first_dtype_fails_the_switch(run_scenari
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("compiled_once")
 def test_a_compiled_call_falling_back_to_eager_fails_the_weight_cache(run_scenario, monkeypatch):
     """After its first call the compiled model runs eagerly (what dynamo does past its
     recompile limit): inside one long region, autocast's cache of the weights' casts is back."""
@@ -156,7 +129,6 @@ def _on_gradients(change):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("compiled_once")
 def test_a_compiled_backward_flushing_inf_and_nan_fails_the_scaler(run_scenario, monkeypatch):
     _compile_wrapped(monkeypatch, _on_gradients(lambda g: torch.nan_to_num(g, 0.0, 0.0, 0.0)))
     result = _run(run_scenario, "test_grad_scaler_skips_a_compiled_overflow")
@@ -165,7 +137,6 @@ def test_a_compiled_backward_flushing_inf_and_nan_fails_the_scaler(run_scenario,
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("compiled_once")
 def test_dynamic_shapes_losing_autocast_on_a_new_shape_fail(run_scenario, monkeypatch):
     """With dynamic=True, a call at a shape other than the first returns float32, as a graph
     traced for the new shape without autocast would (cast here: no second trace to wait for)."""
@@ -189,7 +160,6 @@ def test_dynamic_shapes_losing_autocast_on_a_new_shape_fail(run_scenario, monkey
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("compiled_once")
 def test_a_compiled_backward_losing_its_gradients_fails_the_loss_curve(run_scenario, monkeypatch):
     _compile_wrapped(monkeypatch, _on_gradients(torch.zeros_like))
     result = _run(run_scenario, "test_compiled_training_follows_eager")

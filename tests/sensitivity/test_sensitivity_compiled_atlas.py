@@ -21,17 +21,8 @@ FEW = ("mm", "exp", "sigmoid", "softmax", "layer_norm", "sum", "cat", "addmm", "
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def compiled_once():
-    """FEW compiled once in this process before any nested session: a first compile imports
-    some 600 modules of dynamo and AOTAutograd, which a nested session would drop at its end
-    (pytester restores sys.modules), and torch's compiler modules imported a second time break."""
-    compiled_atlas.measure(CPU, torch.bfloat16, "aot_eager", ops=list(FEW))
-    torch._dynamo.reset()
-
-
 @pytest.fixture
-def few_ops(monkeypatch, compiled_once):
+def few_ops(monkeypatch):
     """The atlas cut to FEW, its control's graph included (mm is among them)."""
     monkeypatch.setattr(autocast_ops, "CALLS", {n: autocast_ops.CALLS[n] for n in FEW})
 
@@ -115,7 +106,6 @@ def test_the_module_passes_on_its_few_ops(run_scenario, pytester, few_ops):
         assert verdict == "confirmed", (test, evidence)
 
 
-@pytest.mark.usefixtures("compiled_once")
 def test_a_fixed_bug_on_the_wrong_side_of_its_release_fails_the_test(run_scenario, monkeypatch):
     """multilabel_margin_loss's compiled decomposition, fixed in 2.14: held to the other side of
     the fix than this release's (as if the bug came back, or the fix came early), the test

@@ -5,32 +5,18 @@ Needs torchao (the dev extra installs it); aot_eager only, where a case does not
 from __future__ import annotations
 
 import pytest
-import torch
-from conftest import Toy, assert_fails_naming, load_scenario
+from conftest import Toy, assert_fails_naming
 
 from harness.lab import devices
 from harness.lab.autocast import compiled
 
 MODULE = "test_fp8_torchao.py"
-# The nested runs compile with aot_eager alone: inductor's modules, imported inside a nested
-# session and dropped at its end (pytester restores sys.modules), break when imported again. The
-# scenario's inductor arms run in CI's scenario session.
+# The nested runs compile with aot_eager alone: each break shows on it, where inductor would add
+# seconds of C++ compilation to every nested session. The scenario's inductor arms run in CI's
+# scenario session.
 AOT_ONLY = Toy(ARMS={"aot_eager": ("aot_eager", None)})
 pytest.importorskip("torchao.float8", reason="torchao is not installed: pip install -e '.[fp8]'")
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("compiled_once")]
-
-
-@pytest.fixture(scope="module")
-def compiled_once():
-    """The scenario's FP8 model compiled once with aot_eager in this process, before any nested
-    session: a first compile imports torchao's and dynamo's modules, which a nested session
-    would drop at its end, and those imported a second time break."""
-    scenario = load_scenario(MODULE)
-    cpu = torch.device("cpu")
-    plain, x = scenario._model(cpu), torch.randn(32, 64)
-    eager = scenario._run(scenario._float8(plain, emulate=True), x)
-    scenario._compiled_gap(plain, x, eager, True, "aot_eager", None)
-    torch._dynamo.reset()
+pytestmark = pytest.mark.slow
 
 
 def test_the_module_passes_unbroken(run_scenario):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import signal
 import statistics
@@ -336,6 +337,11 @@ class _Kept:
 Redraw = Callable[[int], tuple[nn.Module, str]]
 
 
+def redrawer(initial: nn.Module, redraw: Redraw | None) -> Redraw:
+    """`redraw`, or where it is None, `initial` re-initialised under each seed."""
+    return redraw or functools.partial(reinitialised, initial)
+
+
 def seed_spread(
     initial: nn.Module, replay: Replay, setting: Setting, *, redraw: Redraw | None = None,
     reorder: bool = False, **options,
@@ -344,10 +350,9 @@ def seed_spread(
     re-initialised where it is None) and, with `reorder`, on the batches in another order: how
     far a rerun of fp32 lands from fp32, the spread a precision gap must beat; and the note of
     how the weights were drawn, where it has one."""
-    redraw = redraw or (lambda seed: reinitialised(initial, seed))
-    runs, notes = [], set()
+    draw, runs, notes = redrawer(initial, redraw), [], set()
     for seed in NOISE_SEEDS:
-        model, note = redraw(seed)
+        model, note = draw(seed)
         notes.add(note)
         runs.append(run_recipe("fp32", model, replay, setting, watch=False, **options)[0])
         if reorder:

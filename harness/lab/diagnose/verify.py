@@ -52,7 +52,7 @@ from harness.lab.diagnose.runs import (
     Redraw,
     Replay,
     Setting,
-    reinitialised,
+    redrawer,
     run_recipe,
     seed_spread,
 )
@@ -152,8 +152,7 @@ def _initialisations(
     initial: nn.Module, redraw: Redraw | None, seeds: int
 ) -> tuple[list[nn.Module], str]:
     """`initial` and `seeds` - 1 more initialisations (seeds 1, 2, ...), and how they were drawn."""
-    redraw = redraw or (lambda seed: reinitialised(initial, seed))
-    drawn = [redraw(seed) for seed in range(1, seeds)]
+    drawn = [redrawer(initial, redraw)(seed) for seed in range(1, seeds)]
     notes = {note for _model, note in drawn} - {""}
     return [initial, *(model for model, _note in drawn)], next(iter(notes), "")
 
