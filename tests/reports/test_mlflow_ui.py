@@ -51,10 +51,14 @@ def two_environments(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_the_runs_list_names_claims_and_verdicts_and_the_searches_find_them(two_environments):
+    from playwright.sync_api import expect
+
     with mlflow_ui(two_environments) as runs, browser_page() as page:
         assert runs.endswith(f"?{UI_VIEW}")  # the model-training view, not GenAI's
         open_runs(page, runs)
-        assert page.get_by_text(LISTED).inner_text() == "6 matching runs"  # 2 sessions, 4 tests
+        # 2 sessions, 4 tests. Waited for: on a loaded machine the footer first says
+        # "0 matching runs", before the UI's answer comes.
+        expect(page.get_by_text(LISTED)).to_have_text("6 matching runs", timeout=30_000)
         expand_sessions(page)
         names = run_names(page)
         assert {
