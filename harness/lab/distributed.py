@@ -190,7 +190,6 @@ def _rank_starter():
     return context
 
 
-
 def _wait(processes, folder: Path, deadline: float, timeout_s: float) -> list[str]:
     """Wait for every rank; on a failure or at the deadline end the rest. Returns the causes,
     the first failure first (the others usually fail because of it)."""
