@@ -110,8 +110,10 @@ def browser_page(width: int = 1600, height: int = 1000):
 
 
 def open_runs(page, url: str) -> None:
-    """Open a runs page and wait for its list (its footer counts the runs)."""
-    page.goto(url)
+    """Open a runs page and wait for its list: the UI's answer, then the footer that counts the
+    runs (on a loaded machine the footer says "0 matching runs" before the answer comes)."""
+    with page.expect_response(lambda answer: "/runs/search" in answer.url, timeout=60_000):
+        page.goto(url)
     page.get_by_text(LISTED).wait_for(timeout=60_000)
     close = page.get_by_role("button", name="Close")  # the assistant's panel, when it shows
     if close.count():
