@@ -10,9 +10,10 @@ import shutil
 import sys
 from pathlib import Path
 
+import _pytest.pytester as pytester_module
 import pytest
 import torch
-from _pytest.pytester import Pytester, SysModulesSnapshot
+from _pytest.pytester import Pytester
 
 # xdist_groups: --dist loadgroup keeps each xdist_group on one worker under pytest 9.2 too.
 pytest_plugins = ["pytester", "xdist_groups"]
@@ -60,15 +61,31 @@ def _keep_installed_modules_across_nested_sessions() -> None:
     test built a transformers model), SQLAlchemy's caches behind MLflow's store, matplotlib's
     figures. pytester keeps zope's and readline's modules for the same reason; here every
     installed distribution's and the standard library's are kept, and a nested session drops
-    only what it collected itself (scenario modules, the files a test wrote)."""
+    only what it collected itself (scenario modules, the files a test wrote).
+    A kept module keeps the import hooks it put on sys.meta_path too, which pytester would
+    restore away: importlib_metadata, imported by MLflow's dependencies, takes distribution
+    discovery over from the standard library's finder; without its own finder, the next nested
+    session found no distribution and loaded no entry-point plugin."""
     installed = {*importlib.metadata.packages_distributions(), *sys.stdlib_module_names}
 
     def kept(name: str) -> bool:
         return name.partition(".")[0] in installed
 
+    class PathsKeepingHooks(pytester_module.SysPathsSnapshot):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hooks = list(sys.meta_path)
+
+        def restore(self) -> None:
+            added = [hook for hook in sys.meta_path
+                     if hook not in self.hooks and kept(type(hook).__module__)]  # fmt: skip
+            super().restore()
+            sys.meta_path.extend(added)
+
     take = "_Pytester__take_sys_modules_snapshot"
     assert hasattr(Pytester, take), f"pytest no longer has Pytester.{take}: see this function"
-    setattr(Pytester, take, lambda _pytester: SysModulesSnapshot(preserve=kept))
+    setattr(Pytester, take, lambda _pytester: pytester_module.SysModulesSnapshot(preserve=kept))
+    pytester_module.SysPathsSnapshot = PathsKeepingHooks
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own order (by fixture)
