@@ -403,16 +403,11 @@ def _environments(runs: list, link, now: float) -> list[Environment]:
     """The ledger's columns: per environment, per test, its latest run since the environment's
     latest complete session (the module docstring says why)."""
     by_env: dict[tuple, list[Session]] = defaultdict(list)
-    probed: dict[tuple, dict[str, str]] = defaultdict(dict)
-    for facts, session in sorted(_sessions(runs, link), key=lambda found: found[1].started):
+    for facts, session in _sessions(runs, link):
         session.age = _age(now - session.started)
-        key = tuple(sorted(envs.identity(facts).items()))
-        by_env[key].append(session)
-        # The capabilities its sessions probed, the newest last: not part of what makes the
-        # environment, but what the hardware attribution reads.
-        probed[key].update(envs.capabilities(facts))
+        by_env[tuple(sorted(envs.identity(facts).items()))].append(session)
     columns = [
-        _column(dict(identity) | probed[identity], envs.label(dict(identity)), group)
+        _column(dict(identity), envs.label(dict(identity)), group)
         for identity, group in by_env.items()
     ]
     # By hardware class, then torch release as numbers (2.4 before 2.13), then the rest.
@@ -470,6 +465,9 @@ def _column(facts: dict[str, str], label: str, group: list[Session]) -> Environm
     """One environment's column from its sessions: per test, its latest run since the latest
     complete session that ran tests (from all its sessions where none did)."""
     group = sorted(group, key=lambda s: s.started, reverse=True)
+    # What its sessions probed, the newest's standing: not what makes the environment
+    # (envs.identity), but what the hardware attribution reads.
+    probed = {k: v for s in reversed(group) for k, v in envs.capabilities(s.facts).items()}
     complete = next((i for i, s in enumerate(group) if not s.incomplete and s.runs), len(group) - 1)
     since = group[: complete + 1]
     latest: dict[str, tuple] = {}  # test -> (its run, its session)
@@ -484,7 +482,7 @@ def _column(facts: dict[str, str], label: str, group: list[Session]) -> Environm
     for _run, session in latest.values():
         session.shown += 1
     return Environment(
-        facts=facts,
+        facts=facts | probed,
         label=label,
         sessions=since,
         tests=[run for _test, (run, _session) in sorted(latest.items())],

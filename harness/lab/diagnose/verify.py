@@ -152,7 +152,8 @@ def _initialisations(
     initial: nn.Module, redraw: Redraw | None, seeds: int
 ) -> tuple[list[nn.Module], str]:
     """`initial` and `seeds` - 1 more initialisations (seeds 1, 2, ...), and how they were drawn."""
-    drawn = [redrawer(initial, redraw)(seed) for seed in range(1, seeds)]
+    draw = redrawer(initial, redraw)
+    drawn = [draw(seed) for seed in range(1, seeds)]
     notes = {note for _model, note in drawn} - {""}
     return [initial, *(model for model, _note in drawn)], next(iter(notes), "")
 
