@@ -28,6 +28,9 @@ from harness.records.tracking import (
 )
 from harness.reports import baseline, compare, report
 
+# What `amp-harness run` runs unless --all, -k or -m: the scenarios but those marked slow.
+QUICK_TIER = "not slow"
+
 NEXT_STEPS = """
 Where to look next:
   amp-harness list        each claim, the tests that check it, its last verdict
@@ -45,7 +48,8 @@ def _run(args: argparse.Namespace, pytest_args: list[str]) -> int:
             "--scenarios DIR"
         )
     ran = _SessionId()
-    code = pytest.main([args.scenarios, f"--amp-reports={args.reports}", *pytest_args],
+    tier = [] if args.all or _selects(pytest_args) else ["-m", QUICK_TIER]
+    code = pytest.main([args.scenarios, f"--amp-reports={args.reports}", *tier, *pytest_args],
                        plugins=[ran])  # fmt: skip
     journal = Path(args.reports) / JOURNAL_NAME
     print(NEXT_STEPS.format(port=5000, journal=journal))
@@ -55,6 +59,15 @@ def _run(args: argparse.Namespace, pytest_args: list[str]) -> int:
         print(f"session {sid}: compare it with another, `amp-harness compare ID {sid}`; every "
               "session: `amp-harness sessions`")  # fmt: skip
     return int(code)
+
+
+def _selects(pytest_args: list[str]) -> bool:
+    """Whether the user chose the tests (-k, -m): then those run, slow or not."""
+    options = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    options.add_argument("-k")
+    options.add_argument("-m")
+    chosen, _ = options.parse_known_args(pytest_args)
+    return chosen.k is not None or chosen.m is not None
 
 
 class _SessionId:
@@ -689,8 +702,17 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--reports", default="reports", help="results folder (default: reports)")
         return p
 
-    run = command("run", "run every scenario this machine can run (extra options go to pytest)")
+    run = command(
+        "run",
+        "run the scenarios this machine can run, but the slow ones (extra options go to pytest)",
+    )
     run.add_argument("--scenarios", default="scenarios", help="scenario folder")
+    run.add_argument(
+        "--all",
+        action="store_true",
+        help="run the slow scenario tests too (marked slow: they compile or train to "
+        "convergence, minutes on a CPU); a -k or -m of your own runs what it selects",
+    )
     listing = command("list", "each claim with the tests that check it and its last verdict")
     listing.add_argument("--scenarios", default="scenarios", help="scenario folder")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")

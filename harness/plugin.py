@@ -172,6 +172,7 @@ class AmpSession:
     selected: set[str] = field(default_factory=set)  # scenario tests this session set out to run
     end: dict | None = None  # the journal's session_end entry, once the session ended
     deselected: int = 0  # scenario tests deselected (-k, -m, --deselect, --lf, ...)
+    slow_deselected: dict[str, list[str]] = field(default_factory=dict)  # test -> its claims
 
     def is_scenario(self, path: Path) -> bool:
         return Path(path).resolve().is_relative_to(self.scenarios)
@@ -249,8 +250,11 @@ class AmpSession:
             for option, flag in (("keyword", "-k"), ("markexpr", "-m"))
             if (value := self.config.getoption(option, ""))
         ]
+        slow = self.slow_deselected if "slow" in self.config.getoption("markexpr", "") else {}
         if chosen:
             found.append(f"tests selected with {' '.join(chosen)}")
+            if slow:
+                found.append(self._slow_left_out())
         elif self.deselected:
             found.append(f"{self.deselected} scenario test(s) deselected")
         named = [a for a in self.config.args if "::" in a]
@@ -258,13 +262,23 @@ class AmpSession:
             found.append(f"tests named one by one: {', '.join(named)}")
         root = self.config.rootpath
         ran_modules = {(root / nodeid.split("::")[0]).resolve() for nodeid in self.selected}
-        modules = sorted(p.name for p in self.scenarios.glob("test_*.py") if p not in ran_modules)
+        said = {(root / nodeid.split("::")[0]).resolve() for nodeid in slow}  # all slow, named
+        modules = sorted(
+            p.name for p in self.scenarios.glob("test_*.py") if p not in ran_modules | said
+        )
         if modules:
             found.append(f"scenario modules not run: {', '.join(modules)}")
         never = sorted(self.selected - recorded)
         if never:
             found.append(f"{len(never)} selected test(s) never ran (-x, or a crash?)")
         return found
+
+    def _slow_left_out(self) -> str:
+        claim_ids = dict.fromkeys(c for ids in self.slow_deselected.values() for c in ids)
+        return (
+            f"{len(self.slow_deselected)} slow test(s) left out, of {', '.join(claim_ids)} "
+            "(`amp-harness run --all` runs them)"
+        )
 
     def compare_with_baseline(self, ending: dict) -> None:
         """Compare with the baseline before the session's end is recorded (a regression may
@@ -354,6 +368,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "timing: measures speed or memory; refuses to share its device with other xdist workers",
+    )
+    config.addinivalue_line(
+        "markers",
+        "slow: a scenario test that compiles or trains to convergence, tens of seconds on a "
+        "2-core CPU: `amp-harness run` leaves it out unless --all (`pytest scenarios/` runs it)",
     )
     _pin_gpu(config)
     scenarios = (config.rootpath / config.getini("amp_scenarios")).resolve()
@@ -619,7 +638,13 @@ def pytest_make_collect_report(collector: pytest.Collector):
 def pytest_deselected(items: list[pytest.Item]) -> None:
     if items:
         state = _state(items[0].config)
-        state.deselected += sum(state.is_scenario(item.path) for item in items)
+        scenarios = [item for item in items if state.is_scenario(item.path)]
+        state.deselected += len(scenarios)
+        state.slow_deselected |= {
+            item.nodeid: [c for m in item.iter_markers("claim") for c in m.args]
+            for item in scenarios
+            if item.get_closest_marker("slow")
+        }
 
 
 @pytest.hookimpl(optionalhook=True)

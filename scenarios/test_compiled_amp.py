@@ -56,6 +56,10 @@ from torch import nn
 from harness.lab import releases
 from harness.lab.autocast import compiled
 
+# torch.compile traces and compiles each block: about a minute on a 2-core CPU, so
+# `amp-harness run` leaves this module out unless --all (the plugin's `slow` marker).
+pytestmark = pytest.mark.slow
+
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 BACKENDS = compiled.BACKENDS  # ("aot_eager", "inductor")
 INDUCTOR = "inductor_compile"  # the capability inductor's arm needs (harness.lab.devices)

@@ -38,6 +38,10 @@ from harness.lab.autocast import compiled, compiled_atlas
 from harness.lab.autocast import docs as autocast_docs
 from harness.lab.autocast import ops as autocast_ops
 
+# About 200 ops traced and compiled per dtype: about a minute on a 2-core CPU, so
+# `amp-harness run` leaves this module out unless --all (the plugin's `slow` marker).
+pytestmark = pytest.mark.slow
+
 INDUCTOR_OPT_IN = "AMP_ATLAS_INDUCTOR"
 CONTROL_OP = "mm"  # on every device's lower list, and compiled by every release
 # Ops whose compiled mismatch is a known upstream bug with a release that fixed it: predicted to

@@ -32,6 +32,10 @@ from harness.lab.stats import Difference, paired_difference, pairs_without_sprea
 from harness.lab.train import History, evaluate, train
 from harness.records.record import Record
 
+# Three small models and a larger one trained to convergence over 3 to 6 seeds per recipe: tens
+# of seconds on a 2-core CPU, so `amp-harness run` leaves them out unless --all.
+pytestmark = pytest.mark.slow
+
 # Each seed fixes the initial weights and the batches, in every recipe. A setup trains on the
 # first FIRST_SEEDS. Where a difference it is judged by shows no spread over them (each seed took
 # the same steps in both recipes, or reached the same accuracy: integers, and multiples of

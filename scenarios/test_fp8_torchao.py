@@ -28,6 +28,10 @@ import torch
 from harness.lab import devices
 from harness.lab.autocast import compiled
 
+# torchao's float8 training compiled: seconds of tracing on a CPU, so `amp-harness run` leaves
+# it out unless --all (the plugin's `slow` marker).
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 1e-4  # of the largest entry: float32 reorderings, not one FP8 rounding (2**-4)
 
 

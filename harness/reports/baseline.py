@@ -150,7 +150,7 @@ def save(summary: dict, folder: Path, partial: bool = False, force: bool = False
     if summary["lacks"] and not partial:
         raise HarnessError(
             f"{what} is not a complete run of the suite: {'; '.join(summary['lacks'])}. Not "
-            "saved: run the whole suite (`amp-harness run`) and save that, or pass --partial "
+            "saved: run the whole suite (`amp-harness run --all`) and save that, or pass --partial "
             "to save this one marked incomplete"
         )
     path = Path(folder) / filename(summary["fingerprint"])

@@ -48,3 +48,13 @@ def test_a_module_without_its_row_is_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert "test_new_claim.py" in declared_claims(tmp_path)
     assert "test_new_claim.py" not in readme_rows()
+
+
+def test_the_rows_of_slow_modules_say_so():
+    """`amp-harness run` leaves out a module marked slow: its row says so, and no other row."""
+    rows = readme_rows()
+    slow = {
+        m for m in rows if "pytestmark = pytest.mark.slow" in (REPO / "scenarios" / m).read_text()
+    }
+    said = {m for m, cell in rows.items() if cell.startswith("*slow (`--all`)*")}
+    assert said == slow, f"README.md's rows marked slow: {sorted(said)}; modules: {sorted(slow)}"

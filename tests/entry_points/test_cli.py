@@ -65,6 +65,48 @@ def test_run_ends_with_the_session_id_it_recorded(pytester, capsys):
     )
 
 
+TIERED = """
+import pytest
+
+@pytest.mark.claim("FMT-BYTES")
+def test_bytes(record):
+    record.verdict("FMT-BYTES", "confirmed", "fp16 2 bytes, fp32 4 bytes")
+
+@pytest.mark.slow
+@pytest.mark.claim("FMT-BITS")
+def test_bits(record):
+    record.verdict("FMT-BITS", "confirmed", "fp16 5 exponent bits")
+"""
+
+
+@pytest.mark.parametrize(
+    ("options", "ran", "left_out"),
+    [
+        ([], {"test_bytes"}, "1 slow test(s) left out, of FMT-BITS (`amp-harness run --all` runs"),
+        (["--all"], {"test_bytes", "test_bits"}, None),
+        (["-k", "bits"], {"test_bits"}, "tests selected with -k 'bits'"),  # the user's choice
+        (["-m", "slow"], {"test_bits"}, "tests selected with -m 'slow'"),
+    ],
+    ids=["default", "all", "own-k", "own-m"],
+)
+def test_run_leaves_out_the_slow_tests_unless_asked_and_says_so(
+    pytester, capsys, options, ran, left_out
+):
+    """The first run is quick: tests marked slow wait for --all or a selection of the user's,
+    and the session says what it left out and how to run it."""
+    pytester.makepyfile(**{"scenarios/test_tiers": TIERED})
+    pytester.makeini("[pytest]\n")
+    code = cli.main(["run", "--amp-device=cpu", "--no-mlflow", "-p", "no:cacheprovider", *options])
+    assert code == 0
+    (session,) = Journal(pytester.path / "reports" / "journal.jsonl").sessions().values()
+    assert {r.test.split("::")[-1] for r in session.records} == ran
+    out = " ".join(capsys.readouterr().out.split())
+    if left_out is None:
+        assert session.end["left_out"] == [] and ": the whole suite" in out
+    else:
+        assert left_out in " ".join(session.end["left_out"]) and left_out in out
+
+
 @pytest.mark.slow
 def test_run_list_baseline_and_report(tmp_path, capsys, monkeypatch):
     shutil.copytree(REPO / "scenarios", tmp_path / "scenarios")
