@@ -209,18 +209,20 @@ def run_recipe(
     reference_gradient: torch.Tensor | None = None,
     held_out: list | None = None,
     backend=None,
+    seed: int = SEED,
 ) -> tuple[Run, torch.Tensor | None]:
     """Train a copy of `initial` on `replay` under the recipe (with `fix` applied; compiled with
     `backend`, a torch.compile backend, where given: `watch` must be off, the probes would
-    break the graph); the run, and its first step's gradient. Errors of the recipe are the
-    run's (`run.error`); a step past the time limit is StepTimeout."""
+    break the graph), the RNG seeded with `seed` (dropout masks); the run, and its first
+    step's gradient. Errors of the recipe are the run's (`run.error`); a step past the time
+    limit is StepTimeout."""
     recipe = recipes.get(name)
     run = Run(name, fix=fix.describe() if fix else "")
     lack = setting.device.missing(*recipe.needs)
     if lack:
         run.unsupported, run.regression = f"recipe {name} {lack}", lack.regression
         return run, None
-    torch.manual_seed(SEED)  # the same dropout masks and random draws in every run
+    torch.manual_seed(seed)  # the same dropout masks and random draws in every run of a seed
     model = copy.deepcopy(initial)
     if backend is not None:
         model = compiled.fresh(model, backend, fullgraph=False)

@@ -49,6 +49,7 @@ from harness.lab.diagnose.rules import (
     window,
 )
 from harness.lab.diagnose.runs import (
+    SEED,
     Redraw,
     Replay,
     Setting,
@@ -84,7 +85,12 @@ def verify(
         weights, note = _initialisations(initial, redraw, seeds)
 
     def trained(name: str, fix: Fix | None = None) -> list[Run]:
-        return [run_recipe(name, w, replay, setting, fix=fix, **long)[0] for w in weights]
+        # Each initialisation with dropout masks of its own, as a rerun draws them: the same
+        # masks under every seed would make the seeds' gaps agree more than reruns do.
+        return [
+            run_recipe(name, w, replay, setting, fix=fix, seed=SEED + i, **long)[0]
+            for i, w in enumerate(weights)
+        ]
 
     references = trained(REFERENCE)
     if seeds > 1:
