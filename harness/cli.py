@@ -28,9 +28,6 @@ from harness.records.tracking import (
 )
 from harness.reports import baseline, compare, report
 
-# What `amp-harness run` runs unless --all, -k or -m: the scenarios but those marked slow.
-QUICK_TIER = "not slow"
-
 NEXT_STEPS = """
 Where to look next:
   amp-harness list        each claim, the tests that check it, its last verdict
@@ -41,6 +38,8 @@ Where to look next:
 
 def _run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     import pytest
+
+    from harness.plugin import QUICK_TIER
 
     if not Path(args.scenarios).is_dir():
         raise HarnessError(

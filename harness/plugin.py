@@ -245,13 +245,13 @@ class AmpSession:
         """What of the scenario suite this session did not run, in words; [] for all of it.
         `recorded`: the tests it recorded."""
         found = []
-        chosen = [
-            f"{flag} {value!r}"
-            for option, flag in (("keyword", "-k"), ("markexpr", "-m"))
-            if (value := self.config.getoption(option, ""))
-        ]
-        slow = self.slow_deselected if "slow" in self.config.getoption("markexpr", "") else {}
-        if chosen:
+        keyword, markexpr = (self.config.getoption(o, "") for o in ("keyword", "markexpr"))
+        chosen = [f"{f} {value!r}" for f, value in (("-k", keyword), ("-m", markexpr)) if value]
+        slow = self.slow_deselected if "slow" in markexpr else {}
+        if markexpr == QUICK_TIER and not keyword:
+            # `amp-harness run`'s own selection: what it left out is the slow tests, if any
+            found += [self._slow_left_out()] if slow else []
+        elif chosen:
             found.append(f"tests selected with {' '.join(chosen)}")
             if slow:
                 found.append(self._slow_left_out())
@@ -349,6 +349,10 @@ class AmpSession:
     def rewrote(self) -> list[str]:
         """Each time this session's processes re-created a journal that vanished, in words."""
         return (self.journal.rewritten if self.journal else []) + self.workers_rewrote
+
+
+# The selection `amp-harness run` makes unless --all, -k or -m: every scenario test but the slow.
+QUICK_TIER = "not slow"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -529,6 +533,7 @@ class _XdistController:
     def pytest_testnodedown(self, node, error) -> None:
         output = getattr(node, "workeroutput", {})
         self.state.workers_rewrote += output.get("amp_journal_rewritten", [])
+        self.state.slow_deselected |= output.get("amp_slow_deselected", {})
 
 
 def _exit_status(worker) -> int | None:
@@ -1084,6 +1089,8 @@ def _keep_worker_records(config: pytest.Config, state: AmpSession) -> None:
     except HarnessError as exc:
         said.append(str(exc))
     config.workeroutput["amp_journal_rewritten"] = state.journal.rewritten + said
+    # The controller collects nothing: the slow tests its workers left out, for its left_out.
+    config.workeroutput["amp_slow_deselected"] = state.slow_deselected
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -79,22 +79,29 @@ def test_bits(record):
 """
 
 
+SLOW_LEFT_OUT = "1 slow test(s) left out, of FMT-BITS (`amp-harness run --all` runs them)"
+
+
 @pytest.mark.parametrize(
-    ("options", "ran", "left_out"),
+    ("source", "options", "ran", "left_out"),
     [
-        ([], {"test_bytes"}, "1 slow test(s) left out, of FMT-BITS (`amp-harness run --all` runs"),
-        (["--all"], {"test_bytes", "test_bits"}, None),
-        (["-k", "bits"], {"test_bits"}, "tests selected with -k 'bits'"),  # the user's choice
-        (["-m", "slow"], {"test_bits"}, "tests selected with -m 'slow'"),
+        (TIERED, [], {"test_bytes"}, SLOW_LEFT_OUT),
+        (TIERED, ["--all"], {"test_bytes", "test_bits"}, None),
+        (TIERED, ["-k", "bits"], {"test_bits"}, "tests selected with -k 'bits'"),  # the user's
+        (TIERED, ["-m", "slow"], {"test_bits"}, "tests selected with -m 'slow'"),
+        # A project without slow tests: the quick run is the whole suite (a baseline can be saved)
+        (SCENARIO, [], {"test_bytes"}, None),
+        pytest.param(TIERED, ["-n", "2"], {"test_bytes"}, SLOW_LEFT_OUT, marks=pytest.mark.slow),
     ],
-    ids=["default", "all", "own-k", "own-m"],
+    ids=["default", "all", "own-k", "own-m", "none-slow", "xdist"],
 )
 def test_run_leaves_out_the_slow_tests_unless_asked_and_says_so(
-    pytester, capsys, options, ran, left_out
+    pytester, capsys, source, options, ran, left_out
 ):
     """The first run is quick: tests marked slow wait for --all or a selection of the user's,
-    and the session says what it left out and how to run it."""
-    pytester.makepyfile(**{"scenarios/test_tiers": TIERED})
+    and the session says what it left out and how to run it (under xdist too, whose controller
+    collects nothing: its workers tell it)."""
+    pytester.makepyfile(**{"scenarios/test_tiers": source})
     pytester.makeini("[pytest]\n")
     code = cli.main(["run", "--amp-device=cpu", "--no-mlflow", "-p", "no:cacheprovider", *options])
     assert code == 0
