@@ -47,8 +47,12 @@ def _run(args: argparse.Namespace, pytest_args: list[str]) -> int:
             "--scenarios DIR"
         )
     ran = _SessionId()
-    tier = [] if args.all or _selects(pytest_args) else ["-m", QUICK_TIER]
-    code = pytest.main([args.scenarios, f"--amp-reports={args.reports}", *tier, *pytest_args],
+    named = _named(pytest_args)
+    chosen = named or _selects(pytest_args)
+    # The folder unless the user named modules or tests (else the whole folder ran beside them)
+    where = [] if named else [args.scenarios]
+    tier = [] if args.all or chosen else ["-m", QUICK_TIER]
+    code = pytest.main([*where, f"--amp-reports={args.reports}", *tier, *pytest_args],
                        plugins=[ran])  # fmt: skip
     journal = Path(args.reports) / JOURNAL_NAME
     print(NEXT_STEPS.format(port=5000, journal=journal))
@@ -61,12 +65,17 @@ def _run(args: argparse.Namespace, pytest_args: list[str]) -> int:
 
 
 def _selects(pytest_args: list[str]) -> bool:
-    """Whether the user chose the tests (-k, -m): then those run, slow or not."""
+    """Whether the user chose the tests with -k or -m: then those run, slow or not."""
     options = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     options.add_argument("-k")
     options.add_argument("-m")
     chosen, _ = options.parse_known_args(pytest_args)
     return chosen.k is not None or chosen.m is not None
+
+
+def _named(pytest_args: list[str]) -> bool:
+    """Whether the user named scenario modules or tests (`scenarios/test_x.py::test_y`)."""
+    return any(arg.split("::")[0].endswith(".py") for arg in pytest_args)
 
 
 class _SessionId:
@@ -710,7 +719,8 @@ def parser() -> argparse.ArgumentParser:
         "--all",
         action="store_true",
         help="run the slow scenario tests too (marked slow: they compile or train to "
-        "convergence, minutes on a CPU); a -k or -m of your own runs what it selects",
+        "convergence, minutes on a CPU); a -k or -m of your own, or tests named "
+        "(scenarios/test_x.py::test_y), run what they select",
     )
     listing = command("list", "each claim with the tests that check it and its last verdict")
     listing.add_argument("--scenarios", default="scenarios", help="scenario folder")

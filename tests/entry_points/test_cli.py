@@ -89,11 +89,12 @@ SLOW_LEFT_OUT = "1 slow test(s) left out, of FMT-BITS (`amp-harness run --all` r
         (TIERED, ["--all"], {"test_bytes", "test_bits"}, None),
         (TIERED, ["-k", "bits"], {"test_bits"}, "tests selected with -k 'bits'"),  # the user's
         (TIERED, ["-m", "slow"], {"test_bits"}, "tests selected with -m 'slow'"),
+        (TIERED, ["scenarios/test_tiers.py::test_bits"], {"test_bits"}, "tests named one by one"),
         # A project without slow tests: the quick run is the whole suite (a baseline can be saved)
         (SCENARIO, [], {"test_bytes"}, None),
         pytest.param(TIERED, ["-n", "2"], {"test_bytes"}, SLOW_LEFT_OUT, marks=pytest.mark.slow),
     ],
-    ids=["default", "all", "own-k", "own-m", "none-slow", "xdist"],
+    ids=["default", "all", "own-k", "own-m", "named", "none-slow", "xdist"],
 )
 def test_run_leaves_out_the_slow_tests_unless_asked_and_says_so(
     pytester, capsys, source, options, ran, left_out
