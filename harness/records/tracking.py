@@ -401,9 +401,11 @@ def _check_writable(store: Path | None) -> None:
 
 @contextlib.contextmanager
 def _locked(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-    """An exclusive flock on `path` for the block (created if need be). Where it cannot be
-    created (a read-only folder), the lock is one in the temporary folder named after it."""
+    """An exclusive flock on `path` for the block (created if need be, with its folder: a new
+    store's, which MLflow would make next). Where it cannot be created (a read-only folder), the
+    lock is one in the temporary folder named after it, left there for the next one to take."""
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError:
         digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -26,6 +27,7 @@ from tracked import (
     write_journal,
 )
 
+from harness.records import tracking
 from harness.records.journal import Journal
 from harness.records.record import Record
 from harness.records.tracking import MlflowSink, Running, default_uri
@@ -497,6 +499,20 @@ sys.stdin.read()  # until the test closes stdin
 
 
 @pytest.mark.slow
+def test_a_store_in_a_folder_not_made_yet_takes_its_lock_beside_it(tmp_path, monkeypatch):
+    """The lock falls back to the temporary folder only where the store's folder cannot be
+    written; a folder not made yet is made (MLflow makes it for the store anyway). Seen: every
+    sink on a new folder left an `amp-harness-*.lock` in /tmp, hundreds over the tests."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    store = tmp_path / "not" / "made" / "mlflow.db"
+    with tracking._locked(store.with_name(".mlflow.db.lock")):
+        pass
+    assert store.with_name(".mlflow.db.lock").exists()
+    assert list(temporary.iterdir()) == []
+
+
 def test_a_store_locked_by_another_process_leaves_the_journal(pytester, empty_store):
     reports = pytester.path / "reports"
     reports.mkdir()
