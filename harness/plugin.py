@@ -375,7 +375,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "slow: a scenario test that compiles or trains to convergence, tens of seconds on a "
+        "slow: in scenarios/, a test that compiles or trains to convergence, tens of seconds on a "
         "2-core CPU: `amp-harness run` leaves it out unless --all (`pytest scenarios/` runs it)",
     )
     _pin_gpu(config)
