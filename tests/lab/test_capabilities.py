@@ -91,13 +91,21 @@ def _torchao_float8_raising(monkeypatch):
     monkeypatch.setattr(torchao.float8, "convert_to_float8_training", raising)
 
 
+def _fully_shard_missing(monkeypatch):
+    """A build whose FSDP2 lacks fully_shard. torch.distributed.fsdp is imported here: the probe
+    imports it only when first asked (devices.DEFERRED_PROBES), so a process may not have yet."""
+    import torch.distributed.fsdp
+
+    monkeypatch.delattr(torch.distributed.fsdp, "fully_shard")
+
+
 BREAKS = {
     "fp16_autocast": lambda mp: mp.setattr(torch, "autocast", _autocast_ignoring(torch.float16)),
     "bf16_autocast": lambda mp: mp.setattr(torch, "autocast", _autocast_ignoring(torch.bfloat16)),
     "grad_scaler": lambda mp: mp.setattr(torch.amp.GradScaler, "is_enabled", lambda self: False),
     "half_training": _batch_norm_without_half,
     "gloo": lambda mp: mp.setattr(torch.distributed, "is_gloo_available", lambda: False),
-    "fsdp2": lambda mp: mp.delattr(torch.distributed.fsdp, "fully_shard"),
+    "fsdp2": _fully_shard_missing,
     "fused_optimizers": _refuse_fused_optimizers,
     "fp8_scaled_mm": lambda mp: mp.setattr(torch, "_scaled_mm", _scaled_mm_refusing(False)),
     "fp8_rowwise_scaled_mm": lambda mp: mp.setattr(torch, "_scaled_mm", _scaled_mm_refusing(True)),
