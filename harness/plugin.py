@@ -248,15 +248,13 @@ class AmpSession:
         keyword, markexpr = (self.config.getoption(o, "") for o in ("keyword", "markexpr"))
         chosen = [f"{f} {value!r}" for f, value in (("-k", keyword), ("-m", markexpr)) if value]
         slow = self.slow_deselected if "slow" in markexpr else {}
-        if markexpr == QUICK_TIER and not keyword:
-            # `amp-harness run`'s own selection: what it left out is the slow tests, if any
-            found += [self._slow_left_out()] if slow else []
-        elif chosen:
+        # `amp-harness run`'s own selection says nothing but the slow tests it left out, if any
+        if chosen and not (markexpr == QUICK_TIER and not keyword):
             found.append(f"tests selected with {' '.join(chosen)}")
-            if slow:
-                found.append(self._slow_left_out())
-        elif self.deselected:
+        elif self.deselected and not chosen:
             found.append(f"{self.deselected} scenario test(s) deselected")
+        if slow:
+            found.append(self._slow_left_out())
         named = [a for a in self.config.args if "::" in a]
         if named:
             found.append(f"tests named one by one: {', '.join(named)}")
@@ -646,7 +644,7 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
         scenarios = [item for item in items if state.is_scenario(item.path)]
         state.deselected += len(scenarios)
         state.slow_deselected |= {
-            item.nodeid: [c for m in item.iter_markers("claim") for c in m.args]
+            item.nodeid: _claim_ids(item) or []
             for item in scenarios
             if item.get_closest_marker("slow")
         }
