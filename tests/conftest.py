@@ -16,7 +16,8 @@ import torch
 from _pytest.pytester import Pytester
 
 # xdist_groups: --dist loadgroup keeps each xdist_group on one worker under pytest 9.2 too.
-pytest_plugins = ["pytester", "xdist_groups"]
+# slow_left_out: the quick tier (-m "not slow", the README's command) says what it left out.
+pytest_plugins = ["pytester", "xdist_groups", "slow_left_out"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,12 +91,12 @@ def _keep_installed_modules_across_nested_sessions() -> None:
 
 @pytest.hookimpl(trylast=True)  # after pytest's own order (by fixture)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `pytest -n N --dist loadgroup` (the README's command) each xdist worker is handed
-    the next test as it frees up, in the order of the collection: the tests marked slow go
-    first, so that the long ones start early and run side by side while the short ones fill the
-    gaps, instead of one long test starting last and keeping the whole suite waiting for it.
-    (xdist's default, --dist load, sends each worker a run of consecutive tests at once: with
-    this order, the slow ones would queue up on one worker.)"""
+    """Under `pytest -n N --dist loadgroup` (the README's and CI's commands) each xdist worker
+    is handed the next test as it frees up, in the order of the collection: the tests marked
+    slow go first, so that the long ones start early and run side by side while the short ones
+    fill the gaps, instead of one long test starting last and keeping the whole suite waiting
+    for it. (xdist's default, --dist load, sends each worker a run of consecutive tests at once:
+    with this order, the slow ones would queue up on one worker.)"""
     if getattr(config.option, "loadgroup", False):  # set on the workers of --dist loadgroup
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
