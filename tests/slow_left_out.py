@@ -37,13 +37,15 @@ def pytest_testnodedown(node, error) -> None:
     stash[LEFT_OUT] = max(stash.get(LEFT_OUT, 0), sent)
 
 
-def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
-    if hasattr(config, "workeroutput"):
-        return
-    left_out = config.stash.get(LEFT_OUT, 0)
-    if left_out:
-        terminalreporter.write_line(
-            f"{left_out} test(s) marked slow left out (a real server, a process of their own, "
-            f"a scenario run, a benchmark at its stated scale): CI runs them; `{RUN_THEM}` "
-            "runs them here"
-        )
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: after pytest's short test summary
+def pytest_terminal_summary(terminalreporter, config: pytest.Config):
+    try:
+        return (yield)
+    finally:
+        left_out = config.stash.get(LEFT_OUT, 0)
+        if left_out and not hasattr(config, "workeroutput"):
+            terminalreporter.write_line(
+                f"{left_out} test(s) marked slow left out (a real server, a process of their "
+                f"own, a scenario run, a benchmark at its stated scale): CI runs them; "
+                f"`{RUN_THEM}` runs them here"
+            )

@@ -16,6 +16,9 @@ def test_slow(i):
 
 def test_quick():
     pass
+
+def test_skipped():
+    pytest.skip("a reason")
 """
 SAID = (
     "3 test(s) marked slow left out (*): CI runs them; "
@@ -29,13 +32,13 @@ def test_the_quick_tier_names_the_slow_tests_it_left_out(pytester, monkeypatch, 
     pytester.makepyfile(test_tiered=TIERED)
     pytester.makeini("[pytest]\nmarkers =\n    slow: slow")
     monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))  # where the workers find the plugin
-    quiet = ("-p", "slow_left_out", "-p", "no:amp_harness", "-p", "no:cacheprovider")
+    quiet = ("-rs", "-p", "slow_left_out", "-p", "no:amp_harness", "-p", "no:cacheprovider")
     quick = pytester.runpytest_subprocess(*workers, "-m", "not slow", *quiet)
-    quick.assert_outcomes(passed=1)
-    quick.stdout.fnmatch_lines([SAID])
+    quick.assert_outcomes(passed=1, skipped=1)
+    quick.stdout.fnmatch_lines(["*short test summary info*", "SKIPPED*a reason", SAID])  # last
     whole = pytester.runpytest_subprocess(*workers, *quiet)
-    whole.assert_outcomes(passed=4)
+    whole.assert_outcomes(passed=4, skipped=1)
     assert "left out" not in whole.stdout.str()
-    slow = pytester.runpytest_subprocess(*workers, "-m", "slow", *quiet)  # the quick one is not
+    slow = pytester.runpytest_subprocess(*workers, "-m", "slow", *quiet)  # the quick ones are not
     slow.assert_outcomes(passed=3)
     assert "left out" not in slow.stdout.str()
