@@ -35,7 +35,7 @@ def test_the_quick_tier_names_the_slow_tests_it_left_out(pytester, monkeypatch, 
     quiet = ("-rs", "-p", "slow_left_out", "-p", "no:amp_harness", "-p", "no:cacheprovider")
     quick = pytester.runpytest_subprocess(*workers, "-m", "not slow", *quiet)
     quick.assert_outcomes(passed=1, skipped=1)
-    quick.stdout.fnmatch_lines(["*short test summary info*", "SKIPPED*a reason", SAID])  # last
+    quick.stdout.fnmatch_lines(["*short test summary info*", "SKIPPED*a reason", SAID])  # in order
     whole = pytester.runpytest_subprocess(*workers, *quiet)
     whole.assert_outcomes(passed=4, skipped=1)
     assert "left out" not in whole.stdout.str()
