@@ -5,11 +5,10 @@ line names it, tests/slow_left_out.py), so that no test is run by neither."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
+from conftest import REPO
 from slow_left_out import RUN_THEM
 
-REPO = Path(__file__).resolve().parents[2]
 QUICK_START = re.compile(r"## Quick start\n.*?```bash\n(.*?)```", re.DOTALL)
 
 

@@ -498,7 +498,6 @@ sys.stdin.read()  # until the test closes stdin
 """
 
 
-@pytest.mark.slow
 def test_a_store_in_a_folder_not_made_yet_takes_its_lock_beside_it(tmp_path, monkeypatch):
     """The lock falls back to the temporary folder only where the store's folder cannot be
     written; a folder not made yet is made (MLflow makes it for the store anyway). Seen: every
@@ -513,6 +512,7 @@ def test_a_store_in_a_folder_not_made_yet_takes_its_lock_beside_it(tmp_path, mon
     assert list(temporary.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_store_locked_by_another_process_leaves_the_journal(pytester, empty_store):
     reports = pytester.path / "reports"
     reports.mkdir()
