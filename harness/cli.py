@@ -1,4 +1,5 @@
-"""`amp-harness run | list | sync | ui`: thin wrappers over the plugin, the journal and MLflow."""
+"""`amp-harness run | list | report | baseline | compare | upgrade | sessions | sync | ui | new |
+validate | diagnose`: thin wrappers over the plugin, the journal, the reports and MLflow."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 from harness.catalogue import claims, verdicts
 from harness.common import shown
 from harness.common.errors import HarnessError
+from harness.records import journal_index
 from harness.records.journal import JOURNAL_NAME, Journal
 from harness.records.journal_index import short_id
 from harness.records.tracking import (
@@ -21,19 +24,14 @@ from harness.records.tracking import (
     DB_NAME,
     DEFAULT_EXPERIMENT,
     MlflowSink,
+    command_line,
     default_uri,
     redact,
     resolve_uri,
     ui_url,
+    views,
 )
-from harness.reports import baseline, compare, report
-
-NEXT_STEPS = """
-Where to look next:
-  amp-harness list        each claim, the tests that check it, its last verdict
-  amp-harness ui          browse and compare the runs in MLflow (http://127.0.0.1:{port})
-  {journal}   every result, as recorded
-"""
+from harness.reports import accepted, baseline, compare, kinds, nearest, report
 
 
 def _run(args: argparse.Namespace, pytest_args: list[str]) -> int:
@@ -52,16 +50,57 @@ def _run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     # The folder unless the user named modules or tests (else the whole folder ran beside them)
     where = [] if named else [args.scenarios]
     tier = [] if args.all or chosen else ["-m", QUICK_TIER]
-    code = pytest.main([*where, f"--amp-reports={args.reports}", *tier, *pytest_args],
+    session = _session_options(args.reports, pytest_args)
+    code = pytest.main([*where, f"--amp-reports={session.amp_reports}", *tier, *pytest_args],
                        plugins=[ran])  # fmt: skip
-    journal = Path(args.reports) / JOURNAL_NAME
-    print(NEXT_STEPS.format(port=5000, journal=journal))
-    _report_after_run(args.reports, pytest_args)
+    reports = Path(session.amp_reports)
+    print("\n".join(_next_steps(session)))
+    _report_after_run(session)
     if ran.id:  # the last line: what `compare`, `baseline save --session` and `sessions` name
         sid = short_id(ran.id)
-        print(f"session {sid}: compare it with another, `amp-harness compare ID {sid}`; every "
-              "session: `amp-harness sessions`")  # fmt: skip
+        print(f"session {sid}: compare it with another, "
+              f"{command_line('compare', 'ID', sid, reports=reports)}; every session: "
+              f"{command_line('sessions', reports=reports)}")  # fmt: skip
     return int(code)
+
+
+def _session_options(reports: str, pytest_args: list[str]) -> argparse.Namespace:
+    """The session's options `run` itself heeds, read from the pytest options passed on: where
+    it records (pytest's --amp-reports wins over run's --reports, as pytest takes the last),
+    its store, its experiment, its baselines."""
+    options = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    options.add_argument("--amp-reports", default=reports)
+    options.add_argument("--tracking-uri", default=None)
+    options.add_argument("--amp-experiment", default=DEFAULT_EXPERIMENT)
+    options.add_argument("--no-mlflow", action="store_true")
+    options.add_argument("--amp-baselines", default=BASELINES)
+    return options.parse_known_args(pytest_args)[0]
+
+
+def _store_of(session: argparse.Namespace) -> str | None:
+    """The tracking URI the session logged to; None under --no-mlflow."""
+    return (
+        None if session.no_mlflow else resolve_uri(session.tracking_uri, Path(session.amp_reports))
+    )
+
+
+def _next_steps(session: argparse.Namespace) -> list[str]:
+    """Where to look after `run`, each line naming the folder and store the session used."""
+    reports, uri = Path(session.amp_reports), _store_of(session)
+    lines = [
+        "",
+        "Where to look next:",
+        f"  {command_line('list', reports=reports)}  each claim, the tests that check it, its "
+        "last verdict",
+    ]
+    if uri is not None and urlparse(uri).scheme in ("http", "https"):
+        lines.append(f"  {redact(uri)}  the tracking server: browse and compare the runs there")
+    elif uri is not None:
+        lines.append(
+            f"  {command_line('ui', reports=reports, uri=uri)}  browse and compare the runs in "
+            "MLflow (http://127.0.0.1:5000)"
+        )
+    return [*lines, f"  {reports / JOURNAL_NAME}  every result, as recorded", ""]
 
 
 def _selects(pytest_args: list[str]) -> bool:
@@ -89,27 +128,25 @@ class _SessionId:
         self.id = session_id(config)
 
 
-def _report_after_run(reports: str, pytest_args: list[str]) -> None:
-    """Write the report from the store the session logged to; its failure never changes the
-    session's exit code (every result is in the journal and, where it was up, in MLflow)."""
-    options = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    options.add_argument("--tracking-uri", default=None)
-    options.add_argument("--amp-experiment", default=DEFAULT_EXPERIMENT)
-    options.add_argument("--no-mlflow", action="store_true")
-    session, _ = options.parse_known_args(pytest_args)
-    if session.no_mlflow:
-        print("report: not written (--no-mlflow): `amp-harness sync`, then `amp-harness report`")
+def _report_after_run(session: argparse.Namespace) -> None:
+    """Write the report from the store the session logged to (none under --no-mlflow); its
+    failure never changes the session's exit code (every result is in the journal and, where
+    it was up, in MLflow)."""
+    reports, uri = Path(session.amp_reports), _store_of(session)
+    again = command_line("report", reports=reports, uri=uri)
+    if uri is None:
+        print(f"report: not written (--no-mlflow): {command_line('sync', reports=reports)}, "
+              f"then {again}")  # fmt: skip
         return
     try:
-        uri = resolve_uri(session.tracking_uri, Path(reports))
         path = report.build(
             uri,
-            report.report_dir(Path(reports)),
+            report.report_dir(reports),
             session.amp_experiment,
-            _baseline_comparison(Path(reports), "auto"),
+            _baseline_comparison(reports, "auto", Path(session.amp_baselines)),
         )
     except Exception as exc:  # MLflow down, nothing logged, ...: say why, keep the exit code
-        print(f"report: not written ({redact(str(exc))}); retry with `amp-harness report`")
+        print(f"report: not written ({redact(str(exc))}); retry with {again}")
         return
     print(f"report: {path}")
 
@@ -141,16 +178,18 @@ def _collect_tests(scenarios: str) -> dict[str, list[str]]:
 
 
 def _last_verdicts(reports: str) -> dict[str, dict]:
-    """Each claim's verdict in the last session that ran a test of it, across that session's
-    tests (harness.catalogue.verdicts' rule: a later GPU-only skip does not hide earlier CPU
-    decisions of the same session, and a failure is never hidden)."""
+    """Each claim's verdict in the last session of record (not marked experimental) that ran a
+    test of it, across that session's tests (harness.catalogue.verdicts' rule: a later GPU-only
+    skip does not hide earlier CPU decisions of the same session, and a failure is never
+    hidden)."""
     journal = Journal(Path(reports) / JOURNAL_NAME)
     # The last session that declares each claim, found in the index: only those sessions'
     # records are read (a year of CI history holds thousands).
     latest: dict[str, str] = {}  # claim -> session id
     sessions = journal.index()
     for sid, session in sessions.items():  # oldest first
-        latest.update(dict.fromkeys(session.claims, sid))
+        if not journal_index.is_experimental(session.entry):
+            latest.update(dict.fromkeys(session.claims, sid))
     last: dict[str, dict] = {}
     for sid, session in journal.load(sessions[s] for s in set(latest.values())).items():
         for claim, verdict in verdicts.by_claim(session.records).items():
@@ -237,6 +276,7 @@ def _list_claims(args: argparse.Namespace) -> int:
 # `list` draws a table on a terminal; past this many claims, and in a log or a pipe, blocks: rich's
 # Table takes about a millisecond a row (a project of 10,000 claims: 6 s), blocks a tenth of that.
 TABLE_ROWS = 300
+BASELINES = "reports/baselines"  # committed: the same folder whatever --reports says
 
 
 def _claims_table(title: str, rows: list[dict]) -> None:
@@ -282,8 +322,10 @@ def _baseline(args: argparse.Namespace) -> int:
         text = changes.write(Path(args.baselines), Path(args.page) if args.page else None)
         print(f"written: {args.page}" if args.page else text, end="\n" if args.page else "")
         return 0
-    summary = baseline.summarize(Journal(Path(args.reports) / JOURNAL_NAME), args.session)
-    path = baseline.save(summary, Path(args.out), partial=args.partial, force=args.force)
+    summary = baseline.summarize(
+        Journal(Path(args.reports) / JOURNAL_NAME), args.session, saving=True
+    )  # an experimental session is refused
+    path = baseline.save(summary, Path(args.baselines), partial=args.partial, force=args.force)
     table = Table(title=shown.text(f"{summary['name']}: {len(summary['verdicts'])} verdicts"))
     for name in ("claim", "verdict", "evidence"):
         table.add_column(name, overflow="fold")
@@ -298,6 +340,10 @@ def _baseline(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    if args.range is not None:
+        return _compare_range(args)
+    if args.a is None:
+        raise HarnessError("compare: give A (a session, a baseline file or `last`) or --range A..B")
     journal = Journal(Path(args.reports) / JOURNAL_NAME)
     try:
         a_label, a = compare.load(args.a, journal)
@@ -308,7 +354,12 @@ def _compare(args: argparse.Namespace) -> int:
         missing = {"missing_baseline": str(exc.path), "message": str(exc)}
         print(json.dumps(missing) if args.json else f"amp-harness: {exc}")
         return 0
-    result = compare.compare(a, b, args.threshold, labels=(a_label, b_label))
+    result = compare.compare(
+        a, b, args.threshold, labels=(a_label, b_label), accepted=_accepted(Path(args.baselines))
+    )
+    passed = baseline.passed_over(journal) if "last" in (args.a, args.b) else ""
+    if passed:  # `last` is the last session of record: the experiments after it are said
+        print(f"amp-harness: {passed}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(result.to_json(), ensure_ascii=False, indent=1, allow_nan=False))
     else:
@@ -323,6 +374,47 @@ def _compare(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if args.fail_on_regression and result.fails_the_gate else 0
+
+
+def _compare_range(args: argparse.Namespace) -> int:
+    """`compare --range A..B`: what changed when (harness.reports.ranges)."""
+    from harness.reports import ranges
+
+    if args.a is not None or args.fail_on_regression:  # a gate compares two runs, not a range
+        raise HarnessError(
+            "--range A..B takes the place of A and B, and gates nothing: give either the range, "
+            "or A [B] (with --fail-on-regression)"
+        )
+    journal = Journal(Path(args.reports) / JOURNAL_NAME)
+    found = ranges.over(journal, args.range, args.threshold, _accepted(Path(args.baselines)))
+    if args.json:
+        print(json.dumps(found.to_json(), ensure_ascii=False, indent=1, allow_nan=False))
+    else:
+        print(shown.for_encoding(shown.visible("\n".join(found.lines())), sys.stdout.encoding))
+    return 0
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    """Per hardware class, the changes between the baselines of two torch releases, by kind
+    (harness.reports.upgrade); exit 1 under --fail-on-regression when one is unexplained."""
+    from harness.reports import upgrade
+
+    since = upgrade.check_release("--from", args.since)
+    until = upgrade.check_release("--to", args.to)
+    folder = Path(args.baselines)
+    found = upgrade.steps(folder, since, until, _accepted(folder), args.hardware_class)
+    if args.json:
+        print(json.dumps(upgrade.to_json(found, since, until), ensure_ascii=False, indent=1))
+    else:
+        print(f"torch {since} -> {until}, from the baselines in {folder}:")
+        text = "\n".join(upgrade.lines(found, since, until))
+        print(shown.for_encoding(shown.visible(text), sys.stdout.encoding))
+    if not any(step.comparison for step, _ in found):
+        raise HarnessError(
+            f"no hardware class in {folder} has a baseline of both torch {since} and {until}: "
+            "nothing compared (each class's releases are listed above)"
+        )
+    return 1 if args.fail_on_regression and upgrade.unexplained(found) else 0
 
 
 def _fraction(text: str) -> float:
@@ -360,6 +452,12 @@ def _sessions(args: argparse.Namespace) -> int:
             "DIR), e.g. --reports reports"
         )
     journal = Journal(reports / JOURNAL_NAME)
+    if args.action == "mark":  # the journal first, then the tags of its runs in MLflow
+        entry, done = sessions.mark(journal, args.session, args.state, args.reason)
+        print(done)
+        uri = resolve_uri(args.tracking_uri, reports)
+        print(sessions.tag_runs(entry, uri, args.experiment, reports))
+        return 0
     found = sessions.rows(journal.index())
     chosen = found[-args.last :] if args.last else found
     if args.json:
@@ -405,6 +503,9 @@ def _sync(args: argparse.Namespace) -> int:
         parts.append(f"{counts['sessions_killed']} unfinished sessions ended as KILLED")
     if counts["copies_deleted"]:
         parts.append(f"{counts['copies_deleted']} runs made twice by a retried request deleted")
+    if counts["runs_marked"]:
+        parts.append(f"{counts['runs_marked']} runs tagged with their session's mark "
+                     "(amp.experimental, `amp-harness sessions mark`)")  # fmt: skip
     if counts["sessions_running"]:
         parts.append(f"{counts['sessions_running']} still running, left to their own process")
     print(f"synced {journal.path} to {sink.label}: {', '.join(parts)}")
@@ -421,40 +522,63 @@ def _sync(args: argparse.Namespace) -> int:
     return 0
 
 
-def _baseline_comparison(reports: Path, spec: str) -> str | list[dict] | None:
+def _baseline_comparison(reports: Path, spec: str, baselines: Path) -> str | list[dict] | None:
     """The report's comparison: the journal's last session against a baseline (`auto`: the
-    one `baseline save` names for that session's environment), or why there is none."""
+    one `baseline save` names for that session's environment, else the nearest in `baselines`:
+    harness.reports.nearest), each change of its kind, or why there is none."""
     if spec == "none":
         return None
     try:
-        label, last = compare.load("last", Journal(reports / JOURNAL_NAME))
-        path = Path(spec) if spec != "auto" else compare.auto_path(
-            reports / "baselines", last["fingerprint"])  # fmt: skip
-        result = compare.compare(compare.read_baseline(path), last, labels=(str(path), label))
+        journal = Journal(reports / JOURNAL_NAME)
+        label, last = compare.load("last", journal)  # the last session of record
+        if spec == "auto":
+            chosen = nearest.choose(baselines, last["fingerprint"])
+            path, summary, chose = chosen.path, chosen.summary, [chosen.why] if chosen.why else []
+            if summary is None:
+                raise compare.MissingBaseline(path)
+        else:
+            path, chose = Path(spec), []
+            summary = compare.read_baseline(path)
+        result = compare.compare(
+            summary, last, labels=(str(path), label), accepted=_accepted(baselines)
+        )
     except HarnessError as exc:  # no session, no baseline, a bad one: the report says so
         return f"no comparison: {exc}"
     counted = [("verdict", v) for v in result.verdicts]
     counted += [("decision lost", d) for d in result.lost]
     counted += [("metric, flagged", m) for m in result.metrics if m.flagged]
-    # The regressions first, then what the hardware explains, then the metrics only listed.
-    counted.sort(key=lambda kind_change: kind_change[1].attribution.explained)
+    # The regressions first, then each other kind, then the metrics only listed.
+    counted.sort(key=lambda kind_change: kinds.ORDER.index(kind_change[1].attribution.kind))
     rows = [
         {
-            "change": kind + (f", {compare.EXPLAINED}" if change.attribution.explained else ""),
+            "change": kind
+            + (f", {kinds.TITLE[change.attribution.kind]}" if change.attribution.explained else ""),
             "what": change.what(),
             "why": change.attribution.why,
         }
         for kind, change in counted + [("metric", m) for m in result.metrics if not m.flagged]
     ]
+    rows += [{"change": "accepted change", "what": note} for note in result.accepted_notes]
     if result.not_compared:
         rows.append(
             {"change": "not compared", "what": f"part of the suite not run in {label} "
              f"({'; '.join(result.b_lacks)}): {', '.join(result.not_compared)}"}
         )  # fmt: skip
     notes = result.hardware_notes()  # across classes, or a class that is only a name
+    passed = [text for text in [baseline.passed_over(journal)] if text]  # experiments after it
     if not rows:
-        return " ".join([f"{label} against {path}: {result.summary_line()}.", *notes])
-    return [{"change": "hardware", "what": note} for note in notes] + rows
+        return " ".join(
+            [f"{label} against {path}: {result.summary_line()}.", *chose, *notes, *passed]
+        )
+    return ([{"change": "session", "what": text} for text in passed]
+            + [{"change": "baseline", "what": text} for text in chose]
+            + [{"change": "hardware", "what": note} for note in notes] + rows)  # fmt: skip
+
+
+def _accepted(baselines: Path) -> list:
+    """The accepted changes beside the baselines (harness.reports.accepted), checked against the
+    claims of every catalogue."""
+    return accepted.read(accepted.default_path(baselines), claims.catalogue())
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -463,7 +587,7 @@ def _report(args: argparse.Namespace) -> int:
         uri,
         report.report_dir(Path(args.reports), args.name),
         args.experiment,
-        _baseline_comparison(Path(args.reports), args.baseline),
+        _baseline_comparison(Path(args.reports), args.baseline, Path(args.baselines)),
     )
     print(f"report written: {path} (summary.md and the figures beside it)")
     return 0
@@ -544,18 +668,32 @@ def _answers(url: str, server: subprocess.Popen, timeout_s: float = 120.0) -> bo
 
 def _runs_page(url: str, experiment: str) -> str | None:
     """The page of the experiment's runs on the UI at `url` (tracking.ui_url: the model training
-    view), or None where the store has no such experiment yet."""
+    view, its test runs by claim), or None where the store has no such experiment yet. A store
+    that lacks the harness's saved views (tracking.views: one from before them) is given them
+    here, as MLflow's own "Save view" does; where it cannot be, the page is the runs list."""
     import urllib.parse
     import urllib.request
 
+    api = f"{url}/ajax-api/2.0/mlflow/experiments"
     query = urllib.parse.urlencode({"experiment_name": experiment})
     try:
-        with urllib.request.urlopen(
-            f"{url}/ajax-api/2.0/mlflow/experiments/get-by-name?{query}", timeout=10
-        ) as answer:
-            found = json.load(answer)["experiment"]["experiment_id"]
-    except (OSError, ValueError, KeyError):  # 404: no such experiment; or an odd answer
+        with urllib.request.urlopen(f"{api}/get-by-name?{query}", timeout=10) as answer:
+            found = json.load(answer)["experiment"]
+        present = {t["key"]: t.get("value") for t in found.get("tags", [])}
+        found = found["experiment_id"]
+    except (OSError, ValueError, KeyError, TypeError):  # 404: no such experiment; an odd answer
         return None
+    try:
+        for key, value in views().items():
+            if present.get(key) != value:
+                tag = {"experiment_id": found, "key": key, "value": value}
+                request = urllib.request.Request(
+                    f"{api}/set-experiment-tag", json.dumps(tag).encode(), method="POST",
+                    headers={"Content-Type": "application/json"},
+                )  # fmt: skip
+                urllib.request.urlopen(request, timeout=10).close()
+    except OSError:  # a read-only store, a refusal: the runs list as MLflow opens it
+        return ui_url(url, found, view=None)
     return ui_url(url, found)
 
 
@@ -645,14 +783,30 @@ def _validate(args: argparse.Namespace) -> int:
     team = contract.declared_capabilities(Path(args.scenarios) / devices.TEAM_CAPABILITIES)
     known = {*devices.CAPABILITY_TEXT, *team}
     problems = contract.check(Path(args.scenarios), _project_catalogue(args), known)
+    problems += _accepted_problems(Path(args.baselines), _project_catalogue(args))
     for problem in problems:
         print(problem)
     files = len(list(Path(args.scenarios).glob("test_*.py")))
+    reviewed = accepted.default_path(Path(args.baselines))
+    checked = f"{files} scenario files" + (f" and {reviewed}" if reviewed.exists() else "")
     if problems:
-        print(f"validate: {len(problems)} problem(s) in {files} scenario files", file=sys.stderr)
+        print(f"validate: {len(problems)} problem(s) in {checked}", file=sys.stderr)
         return 1
     print(f"validate: the {files} scenario files in {args.scenarios} keep the contract")
+    if reviewed.exists():
+        print(f"validate: {reviewed} is well formed, and no entry of it expired")
     return 0
+
+
+def _accepted_problems(baselines: Path, catalogue: Path) -> list[str]:
+    """The accepted-changes file's problems (harness.reports.accepted), its claims held to the
+    built-in catalogues and the project's."""
+    restore = claims.use_project(catalogue)
+    try:
+        known = claims.catalogue()
+    finally:
+        restore()
+    return accepted.problems(accepted.default_path(baselines), known)
 
 
 def _diagnose(args: argparse.Namespace) -> int:
@@ -710,6 +864,18 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--reports", default="reports", help="results folder (default: reports)")
         return p
 
+    def baselines(p: argparse.ArgumentParser, *aliases: str) -> None:
+        """The one folder of committed baselines and their accepted-changes.toml, never under
+        --reports (what sessions produce)."""
+        p.add_argument(
+            "--baselines",
+            *aliases,
+            dest="baselines",
+            default=BASELINES,
+            metavar="DIR",
+            help=f"the committed baselines and accepted-changes.toml (default: {BASELINES})",
+        )
+
     run = command(
         "run",
         "run the scenarios this machine can run, but the slow ones (extra options go to pytest)",
@@ -750,9 +916,11 @@ def parser() -> argparse.ArgumentParser:
         "--baseline",
         default="auto",
         metavar="PATH|auto|none",
-        help="compare the last session with this baseline file (default auto: the one "
-        "`baseline save` names for its environment, under REPORTS/baselines)",
+        help="compare the last session with this baseline file (default auto: its "
+        "environment's in --baselines, else the nearest earlier release of its class, then the "
+        "nearest class)",
     )
+    baselines(rep)
     base = command("baseline", "save a session's verdicts and key metrics as a baseline file")
     base.add_argument(
         "action",
@@ -760,14 +928,12 @@ def parser() -> argparse.ArgumentParser:
         help="save: write a session's baseline; changes: the page of what differs between the "
         "torch releases of the baselines in --baselines (docs/what-changed-across-releases.md)",
     )
-    base.add_argument(
-        "--baselines", default="reports/baselines", help="changes: the folder of baselines to read"
-    )
+    baselines(base, "--out")  # --out: the name save's folder had before
     base.add_argument("--page", default=None, help="changes: write the page here (default: print)")
     base.add_argument(
-        "--session", default=None, help="session id or a unique prefix (default: the last one)"
-    )
-    base.add_argument("--out", default="reports/baselines", help="folder for the baseline file")
+        "--session", default=None, help="session id or a unique prefix (default: the last one; "
+        "one marked experimental is refused)",
+    )  # fmt: skip
     base.add_argument(
         "--partial",
         action="store_true",
@@ -777,9 +943,15 @@ def parser() -> argparse.ArgumentParser:
     base.add_argument("--force", action="store_true", help="replace an existing baseline file")
     comp = command("compare", "compare two runs: changed verdicts, then metric changes")
     comp.add_argument(
-        "a", metavar="A", help="a baseline JSON file, a session id (or a unique prefix), or `last`"
-    )
+        "a", metavar="A", nargs="?", help="a baseline JSON file, a session id (or a unique "
+        "prefix), or `last` (the last session not marked experimental)",
+    )  # fmt: skip
     comp.add_argument("b", metavar="B", nargs="?", default="last", help="the same (default: last)")
+    comp.add_argument(
+        "--range", metavar="A..B", default=None, help="instead of A and B: every session of "
+        "record from A to B of A's hardware class, each against the one before it; per claim "
+        "the sessions at which its verdict or a key metric changed (docs/history.md)",
+    )  # fmt: skip
     comp.add_argument(
         "--threshold",
         type=_fraction,
@@ -791,8 +963,30 @@ def parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--fail-on-regression",
         action="store_true",
-        help="exit 1 when a verdict changed or a metric change is flagged",
+        help="exit 1 when a change is unexplained: not predicted by a known change of the "
+        "release, gained, accepted (--baselines' accepted-changes.toml) or the hardware's",
     )
+    baselines(comp)
+    upgrade = command(
+        "upgrade",
+        "what an upgrade of torch changes on each hardware class, from the committed baselines: "
+        "each change predicted, gained, accepted, the hardware's, or unexplained",
+    )
+    for name, when in (("--from", "before"), ("--to", "after")):
+        upgrade.add_argument(
+            name,
+            dest=name[2:].replace("from", "since"),
+            required=True,
+            metavar="RELEASE",
+            help=f"the torch release {when} the upgrade: 2.9.1, 2.9 (its newest patch among the "
+            "baselines) or one build, 2.9.1+cu128",
+        )
+    upgrade.add_argument("--class", dest="hardware_class", default=None, help="only this class")
+    upgrade.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    upgrade.add_argument(
+        "--fail-on-regression", action="store_true", help="exit 1 when a change is unexplained"
+    )
+    baselines(upgrade)
     sessions = command(
         "sessions", "the recorded sessions: id, start, commit, hardware class, complete or partial"
     )
@@ -804,6 +998,25 @@ def parser() -> argparse.ArgumentParser:
         help="the last N sessions (default 20; 0: every one)",
     )
     sessions.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    mark_help = (
+        "mark a session experimental (kept out of the report's ledger, `baseline save` and "
+        "`compare last`; its MLflow runs tagged amp.experimental=true), or of record again"
+    )
+    mark = sessions.add_subparsers(dest="action", metavar="mark").add_parser(
+        "mark", help=mark_help, description=mark_help
+    )
+    mark.add_argument("session", metavar="ID", help="a session id or a unique prefix of it")
+    mark.add_argument("state", choices=["experimental", "record"])
+    mark.add_argument("--reason", default="", help="why, recorded with the mark")
+    # SUPPRESS: `sessions --reports DIR mark ...` keeps its DIR
+    mark.add_argument("--reports", default=argparse.SUPPRESS, help="results folder (reports)")
+    mark.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="where its runs are tagged (default: $MLFLOW_TRACKING_URI or "
+        "sqlite:///REPORTS/mlflow.db)",
+    )
+    mark.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment")
     ui = command("ui", "start the MLflow UI on the embedded store")
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     ui.add_argument("--port", type=int, default=5000)
@@ -883,6 +1096,7 @@ def parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help=validate_help, description=validate_help)
     validate.add_argument("--scenarios", default="scenarios", help="scenario folder")
     validate.add_argument("--claims", default=None, metavar="PATH", help=claims_help)
+    baselines(validate)
     return top
 
 
@@ -902,6 +1116,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": _baseline,
         "report": _report,
         "compare": _compare,
+        "upgrade": _upgrade,
         "new": _new,
         "validate": _validate,
         "diagnose": _diagnose,
@@ -922,7 +1137,7 @@ def main(argv: list[str] | None = None) -> int:
 # The way round a folder a command cannot write in: the option that says where it writes.
 _ELSEWHERE = "copy the reports folder to one you can write in and pass --reports there"
 _WRITES_TO = {
-    "baseline": "pass --out a folder you can write in",
+    "baseline": "pass --baselines a folder you can write in",
     "new": "pass --scenarios a folder you can write in",
 }
 

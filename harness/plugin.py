@@ -1,7 +1,7 @@
 """The pytest face of the harness, registered through the `pytest11` entry point.
 
 - options: --amp-device, --tracking-uri, --amp-reports, --amp-experiment, --no-mlflow,
-  --amp-baseline and --amp-fail-on-regression;
+  --amp-experimental (and its reason), --amp-baseline and --amp-fail-on-regression;
 - markers: @pytest.mark.claim(IDs...) on every scenario test, checked at collection;
   @pytest.mark.requires(capabilities..., gpus=N) turned into readable skip reasons;
 - fixtures: `amp_device` (the probed device) and `record` (what the test observed);
@@ -37,12 +37,28 @@ from harness.catalogue.verdicts import CAPABILITY_REGRESSION
 from harness.common import shown
 from harness.common.errors import HarnessError
 from harness.lab import devices, hardware
-from harness.records import environments, fingerprint, isolation, stopsignals, torch_state, warned
+from harness.records import (
+    environments,
+    fingerprint,
+    isolation,
+    journal_index,
+    stopsignals,
+    torch_state,
+    warned,
+)
 from harness.records.journal import JOURNAL_NAME, Journal
-from harness.records.journal_index import short_id
+from harness.records.journal_index import EXPERIMENTAL, MARK, short_id
 from harness.records.record import SCENARIO_DIGEST, Record
-from harness.records.tracking import DEFAULT_EXPERIMENT, MlflowSink, Running, redact, resolve_uri
-from harness.reports import baseline, compare
+from harness.records.tracking import (
+    DEFAULT_EXPERIMENT,
+    MlflowSink,
+    Running,
+    command_line,
+    redact,
+    resolve_uri,
+)
+from harness.reports import accepted as accepted_changes
+from harness.reports import baseline, compare, nearest
 from harness.reports.table import cap, counts_line, for_terminal, indented
 
 WORKER_FLAG = "--amp-worker-output"
@@ -93,11 +109,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="record to the journal only (replay later with `amp-harness sync`)",
     )
     group.addoption(
+        "--amp-experimental",
+        action="store_true",
+        help="mark the session experimental: recorded, tagged amp.experimental=true in MLflow, "
+        "and kept out of the team's record (the report's ledger, `baseline save`, `compare "
+        "last`); `amp-harness sessions mark ID record` undoes it",
+    )
+    group.addoption(
+        "--amp-experimental-reason",
+        default=None,
+        metavar="TEXT",
+        help="why the session is experimental, recorded with its mark (implies --amp-experimental)",
+    )
+    group.addoption(
         "--amp-baseline",
         default=None,
         metavar="PATH|auto",
-        help="at the end, compare the session with this baseline file; auto: "
-        "reports/baselines/<this environment>.json, as `amp-harness baseline save` names it",
+        help="at the end, compare the session with this baseline file; auto: this "
+        "environment's in --amp-baselines, as `amp-harness baseline save` names it, else the "
+        "nearest earlier torch release of its hardware class, then the nearest class (said)",
+    )
+    group.addoption(
+        "--amp-baselines",
+        default=None,
+        metavar="DIR",
+        help="the folder of committed baselines and their accepted-changes.toml (default: "
+        "reports/baselines under the project's root)",
     )
     group.addoption(
         "--amp-fail-on-regression",
@@ -146,6 +183,15 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _experimental(config: pytest.Config, started: float) -> dict:
+    """The session entry's mark (journal_index.MARK) where --amp-experimental, or its reason,
+    asks for one; its runs in MLflow are tagged from it."""
+    reason = config.getoption("amp_experimental_reason")
+    if not config.getoption("amp_experimental") and reason is None:
+        return {}
+    return {MARK: journal_index.mark(EXPERIMENTAL, reason or "", started)}
+
+
 @dataclass
 class AmpSession:
     """Per-session state, kept in config.stash (never module globals: pytester nests sessions)."""
@@ -162,6 +208,8 @@ class AmpSession:
     saved_threads: int | None = None
     baseline: Path | None = None  # the baseline file looked for (--amp-baseline)
     baseline_summary: dict | None = None  # its content; None when there is none at `baseline`
+    baseline_why: str = ""  # why another environment's baseline was taken (auto), if it was
+    accepted: list[accepted_changes.Entry] = field(default_factory=list)  # the reviewed changes
     comparison: compare.Comparison | None = None
     current: Record | None = None  # the test running now: recorded as interrupted on Ctrl-C
     worker_reports: list[dict] = field(default_factory=list)  # in a worker: for the parent
@@ -209,6 +257,7 @@ class AmpSession:
             "host": platform.node(),
             "args": [redact(str(a)) for a in self.config.invocation_params.args],
             "fingerprint": facts,
+            **_experimental(self.config, started),
         }
         self.entry = shown.storable(self.entry)  # a Latin-1 path in the args: escaped
         # Before the session is in the journal: a sync that sees it also sees that it runs.
@@ -223,23 +272,32 @@ class AmpSession:
     def open_baseline(self, facts: dict[str, str]) -> None:
         """Read and check the baseline before any test runs: a bad file stops the session now.
 
-        A missing file is expected for `auto` (no baseline for this environment yet) and is
-        reported at the end; a path given by hand that is not there is a mistake, said now."""
+        `auto` takes this environment's baseline, else the nearest (harness.reports.nearest);
+        none at all is reported at the end. A path given by hand that is not there is a mistake,
+        said now, and so is a mistake in the accepted-changes file beside the baselines."""
         option = self.config.getoption("amp_baseline")
         if option is None and self.config.getoption("amp_fail_on_regression"):
             option = "auto"
         if option is None:
             return
+        folder = self.baselines_folder()
+        known = set(claims.catalogue())
+        self.accepted = accepted_changes.read(accepted_changes.default_path(folder), known)
         if option == "auto":
-            folder = self.config.rootpath / "reports" / "baselines"
-            self.baseline = compare.auto_path(folder, facts)
+            chosen = nearest.choose(folder, facts)
+            self.baseline, self.baseline_summary = chosen.path, chosen.summary
+            self.baseline_why = chosen.why
         else:
             self.baseline = self.config.invocation_params.dir / option
-        try:
             self.baseline_summary = compare.read_baseline(self.baseline)
-        except compare.MissingBaseline:
-            if option != "auto":
-                raise
+
+    def baselines_folder(self) -> Path:
+        """--amp-baselines, else reports/baselines under the project's root: committed, so never
+        under --amp-reports (what a session produces)."""
+        option = self.config.getoption("amp_baselines")
+        if option is None:
+            return self.config.rootpath / "reports" / "baselines"
+        return self.config.invocation_params.dir / option
 
     def left_out(self, recorded: set[str]) -> list[str]:
         """What of the scenario suite this session did not run, in words; [] for all of it.
@@ -286,7 +344,10 @@ class AmpSession:
                 lambda: baseline.summarize(self.journal, self.entry["session_id"], ending)
             )
             self.comparison = compare.compare(
-                self.baseline_summary, session, labels=(str(self.baseline), "this session")
+                self.baseline_summary,
+                session,
+                labels=(str(self.baseline), "this session"),
+                accepted=self.accepted,
             )
 
     def session_records(self) -> list[Record]:
@@ -964,10 +1025,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if state.journal_down:
         say(f"journal: {state.journal_down}", red=True, bold=True)
     if state.sink is None:
-        say(
-            f"MLflow: off (--no-mlflow); `amp-harness sync --reports {state.reports}` sends "
-            "the journal later"
-        )
+        sync = command_line("sync", reports=state.reports)
+        say(f"MLflow: off (--no-mlflow); {sync} sends the journal later")
     elif state.sink.down:
         say(
             f"MLflow: {state.sink.down}; every result is in the journal: {state.sink.recovery()}",
@@ -975,8 +1034,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         )
     else:
         say(
-            f"MLflow: {state.sink.label} (experiment {state.sink.experiment!r}); browse with "
-            "`amp-harness ui`"
+            f"MLflow: {state.sink.label} (experiment {state.sink.experiment!r}); "
+            f"{state.sink.browse()}"
         )
     for refused in state.sink.refused if state.sink else []:
         say(f"MLflow refused {refused}; the result is in the journal", yellow=True)
@@ -1009,19 +1068,20 @@ class _LastLines:
 
 def _last_lines(state: AmpSession) -> list[str]:
     """The counts, the session's id and whether it ran the whole suite, how to find and compare
-    it, and how its report is made."""
+    it, and how its report is made: each command for the folder and the store the session used
+    (command_line)."""
     sid = short_id(state.entry["session_id"])
     left_out = state.end["left_out"] if state.end else ["the session did not end"]
     run = f"partial ({'; '.join(left_out)})" if left_out else "the whole suite"
-    reports = "" if state.reports == Path("reports").resolve() else f" --reports {state.reports}"
-    report = f"`amp-harness report{reports}` writes it from MLflow"
+    folder, uri = state.reports, state.sink.uri if state.sink else None
+    report = f"{command_line('report', reports=folder, uri=uri)} writes it from MLflow"
     if state.sink is None:
-        report = f"`amp-harness sync{reports}`, then {report}"
+        report = f"{command_line('sync', reports=folder)}, then {report}"
     return [
         counts_line(state.session_records()),
         f"session {sid}: {run}",
-        f"sessions: `amp-harness sessions{reports}`; compare: `amp-harness compare ID {sid}"
-        f"{reports}`",
+        f"sessions: {command_line('sessions', reports=folder)}; compare: "
+        f"{command_line('compare', 'ID', sid, reports=folder)}",
         f"report: {report}",
     ]
 
@@ -1049,6 +1109,12 @@ def _write_comparison(terminalreporter, state: AmpSession) -> None:
         + f", torch {environments.fact(facts, 'torch')}; this session: "
         f"{environments.hardware_class(state.entry['fingerprint'])}"
     )
+    if state.baseline_why:  # another environment's: the gate of an upgrade
+        terminalreporter.write_line(f"baseline {state.baseline}: {state.baseline_why}", yellow=True)
+    for line in comparison.kind_lines():
+        terminalreporter.write_line(f"baseline {state.baseline}: {shown.visible(line)}")
+    for note in comparison.accepted_notes:
+        terminalreporter.write_line(f"accepted change {shown.visible(note)}", yellow=True)
     if comparison.not_compared:
         terminalreporter.write_line(
             f"baseline {state.baseline}: not compared, this session ran part of the suite "
@@ -1072,9 +1138,15 @@ def _write_comparison(terminalreporter, state: AmpSession) -> None:
     )
     for line in comparison.regressions:
         terminalreporter.write_line(f"  {shown.visible(line)}", red=True)  # baseline evidence
+    baselines = state.baselines_folder()
+    elsewhere = (
+        ""
+        if baselines == state.config.rootpath / "reports" / "baselines"
+        else (f" --baselines {baselines}")
+    )
     terminalreporter.write_line(
         f"every change: `amp-harness compare {state.baseline} {state.entry['session_id']} "
-        f"--reports {state.reports}`"
+        f"--reports {state.reports}{elsewhere}`"
     )
 
 

@@ -4,9 +4,8 @@ steps of MLflow 3.17's runs list a person takes (playwright drives the system's 
 downloads no browser).
 
 The MLflow selectors are the UI's own names: its search box's placeholder, its grid's column
-id for run names and the component id of the run-name cell's expand button. A new MLflow that
-renames them fails these tests with the selector named, which is the point: the docs and the
-screenshots describe that UI."""
+ids (run names, tags) and its rows' indices. A new MLflow that renames them fails these tests
+with the selector named, which is the point: the docs and the screenshots describe that UI."""
 
 from __future__ import annotations
 
@@ -33,7 +32,6 @@ needs_chromium = pytest.mark.skipif(
 )
 SEARCH_BOX = re.compile(r"metrics\.rmse")  # the runs list's search box, by its placeholder
 RUN_NAMES = '[role="gridcell"][col-id="attributes.`Run Name`"]'
-EXPAND = 'button[data-component-id*="runnamecellrenderer"]'  # a parent run's +/- button
 LISTED = re.compile(r"\d+ matching runs?")  # the runs list's footer
 
 
@@ -138,48 +136,40 @@ def open_run_in_its_view(page, runs: str) -> None:
     page.reload()  # a new address after the '#' alone loads nothing
 
 
-def expand_sessions(page, timeout_ms: int = 15_000) -> None:
-    """Open every session (parent run) to show its test runs. The button toggles, and the UI
-    keeps what was open across searches: a click that hid rows is undone. After each click, the
-    rows are waited for (the grid draws them after the UI's answer: on a loaded machine, well
-    after a fixed 300 ms, and a list read then had its sessions without their tests)."""
-    rows = page.locator(RUN_NAMES)
-    for button in page.locator(EXPAND).all():
-        shown = rows.count()
-        button.click()
-        _until_rows_change(page, rows, shown, timeout_ms)
-        if rows.count() < shown:
-            shown = rows.count()
-            button.click()
-            _until_rows_change(page, rows, shown, timeout_ms)
-
-
-def _until_rows_change(page, rows, shown: int, timeout_ms: int) -> None:
-    """Wait until the list shows more or fewer than `shown` rows, or timeout_ms has passed."""
-    waited = 0
-    while rows.count() == shown and waited < timeout_ms:
-        page.wait_for_timeout(100)
-        waited += 100
-    page.wait_for_timeout(300)  # the rest of the rows the same answer brings
-
-
 def run_names(page) -> list[str]:
     """The run names the list shows, without the colour swatch's text."""
     return [text.split("\n")[-1] for text in page.locator(RUN_NAMES).all_inner_texts()]
 
 
-def widen_run_names(page, pixels: int = 420) -> None:
-    """Drag the Run Name column wider, so that a screenshot shows whole names (the grid may
-    lay its columns out again once the runs arrive: tried until the column is wider)."""
-    header = page.locator('[role="columnheader"][col-id="attributes.`Run Name`"]')
-    handle = header.locator(".ag-header-cell-resize")
-    before = header.bounding_box()["width"]
-    for _attempt in range(3):
-        handle.hover()
-        box = handle.bounding_box()
-        page.mouse.down()
-        page.mouse.move(box["x"] + pixels, box["y"] + box["height"] / 2, steps=8)
-        page.mouse.up()
-        page.wait_for_timeout(300)
-        if header.bounding_box()["width"] > before + pixels / 2:
-            return
+RUN_NAME = "attributes.`Run Name`"  # the grid's column ids: RUN_NAME, "tags.`outcome`", ...
+_CELLS = """() => {
+    const found = {};
+    for (const cell of document.querySelectorAll('.ag-row [col-id]')) {
+        const row = cell.closest('.ag-row').getAttribute('row-index');
+        (found[row] = found[row] || {})[cell.getAttribute('col-id')] = cell.innerText;
+    }
+    return found;
+}"""
+
+
+def grid(page) -> list[dict[str, str]]:
+    """The rows of the runs list, top to bottom, each its cells' text by column id (RUN_NAME,
+    "tags.`verdict.SCL-SCALE`", ...; a group's row too, named "Group: ..." by row_name). The
+    grid draws only the columns in sight: it is scrolled across to read them all, then back."""
+    across = page.locator(".ag-body-horizontal-scroll-viewport").first
+    width, shown = across.evaluate("e => [e.scrollWidth, e.clientWidth]")
+    rows: dict[int, dict[str, str]] = {}
+    for left in [*range(0, max(width - shown, 0), max(shown, 100)), max(width - shown, 0)]:
+        across.evaluate(f"e => {{ e.scrollLeft = {left}; }}")
+        page.wait_for_timeout(300)  # the grid draws the columns scrolled into sight
+        for index, cells in page.evaluate(_CELLS).items():
+            rows.setdefault(int(index), {}).update(cells)
+    across.evaluate("e => { e.scrollLeft = 0; }")
+    return [rows[i] for i in sorted(rows)]
+
+
+def row_name(row: dict[str, str]) -> str:
+    """A grid row's name: a run's name, or a group's "Group: VALUE" (without its colour swatch
+    and its count of runs)."""
+    lines = row.get(RUN_NAME, "").splitlines()
+    return next((line for line in lines if line.startswith("Group: ")), lines[-1] if lines else "")

@@ -144,17 +144,18 @@ class FlakyProxy:
     """A proxy on loopback in front of a server at `target` (http://127.0.0.1:PORT) that forwards
     every request and answers 500 to every `every`-th POST once the server has done its work:
     what a server that fails on the way back (or a gateway that gives up on a slow answer) looks
-    like to MLflow's client, which retries the request. Threads of this process; `stop` ends
-    them."""
+    like to MLflow's client, which retries the request. With `answer_after_s`, each answer waits
+    that long once the server has given it: a busy server, slow but there. `requests` counts
+    what it forwarded. Threads of this process; `stop` ends them."""
 
     HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "host", "content-length"}
 
-    def __init__(self, target: str, every: int = 3):
+    def __init__(self, target: str, every: int = 3, answer_after_s: float = 0):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         from urllib.parse import urlparse
 
-        self.target, self.every = urlparse(target), every
-        self.posts, self.failed = 0, 0
+        self.target, self.every, self.answer_after_s = urlparse(target), every, answer_after_s
+        self.posts, self.failed, self.requests = 0, 0, 0
         self._lock = threading.Lock()
         proxy = self
 
@@ -175,6 +176,9 @@ class FlakyProxy:
                     kind = answer.getheader("Content-Type", "application/json")
                 finally:
                     upstream.close()
+                with proxy._lock:
+                    proxy.requests += 1
+                time.sleep(proxy.answer_after_s)
                 if self.command == "POST" and proxy._fail_this_one():
                     status, kind = 500, "application/json"
                     content = b'{"error_code": "INTERNAL_ERROR", "message": "proxy: 500"}'
@@ -209,3 +213,51 @@ class FlakyProxy:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=10)
+
+
+class SilentServer:
+    """A server on loopback that takes every connection and never answers: one too busy to answer
+    in any time a client waits. `connections` counts those it took. A thread of this process;
+    `stop` ends it and closes what it holds."""
+
+    def __init__(self):
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self._socket.settimeout(0.2)  # how soon `stop` is seen
+        self.uri = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        self.connections: list[socket.socket] = []
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._take, daemon=True)
+
+    def _take(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.connections.append(self._socket.accept()[0])
+            except TimeoutError:
+                continue
+
+    def start(self) -> SilentServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=10)
+        for connection in [*self.connections, self._socket]:
+            connection.close()
+
+
+class FullBacklog:
+    """A port where no connection is ever made: a listening socket nobody accepts on, its accept
+    queue full (backlog 0, one connection waiting), so the kernel (Linux) drops each new SYN, as
+    a host that is off or a firewall that drops does: the client's connect times out. A context
+    manager; `uri` is its address."""
+
+    def __enter__(self) -> FullBacklog:
+        self._socket = socket.create_server(("127.0.0.1", 0), backlog=0)
+        self.uri = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        self._waiting = socket.create_connection(self._socket.getsockname(), timeout=10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._waiting.close()
+        self._socket.close()

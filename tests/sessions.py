@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.records.journal_index import EXPERIMENTAL, MARK, mark
 from harness.records.record import Record
 from harness.records.tracking import MlflowSink
 
@@ -52,11 +53,15 @@ def log_session(
     records: list[Record],
     exitstatus: int | None = 0,
     left_out: tuple[str, ...] = (),
-) -> None:
+    experimental: str | None = None,
+) -> dict:
     """A session as the plugin logs it; `exitstatus` None: killed before its end was logged;
-    `left_out`: it ran part of the suite (-k)."""
+    `left_out`: it ran part of the suite (-k); `experimental`: marked so (--amp-experimental),
+    for that reason. Its entry."""
     session = {"session_id": f"s{started:.0f}-{facts['device']}", "name": f"session {started:.0f}",
                "started": started, "args": [], "fingerprint": facts}  # fmt: skip
+    if experimental is not None:
+        session[MARK] = mark(EXPERIMENTAL, experimental, started)
     sink.start_session(session)
     for record in records:
         record.started, record.ended = started + 1, started + 2
@@ -66,3 +71,4 @@ def log_session(
                "left_out": list(left_out)}  # fmt: skip
         sink.end_session(session, end)
     assert sink.down is None, sink.down
+    return session

@@ -1,17 +1,22 @@
 """Sessions, journals and stores the tracking tests share: a nested session of three small
-scenarios, a journal written directly, a copy of an empty store, and the check that a store holds
-each record of a journal once and whole."""
+scenarios and what it asked of MLflow, a journal written directly, a copy of an empty store, and
+the check that a store holds each record of a journal once and whole."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import urllib3.util.connection
 
+from harness.records import tracking
 from harness.records.journal import Journal
 from harness.records.record import Record
 
@@ -45,14 +50,65 @@ def store_in(folder: Path, empty_store: Path) -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
-def run_session(pytester, *args: str) -> tuple[pytest.RunResult, float]:
+@dataclass(frozen=True)
+class Connection:
+    """A connection a session opened to a server: its port, the connect timeout it was opened
+    with (tracking.Bounds.connect inside the harness's calls; MLflow's own 120 s outside them),
+    and the error that ended the attempt to connect (None where it connected)."""
+
+    port: int
+    timeout: object
+    error: str | None
+
+
+@dataclass
+class MlflowCalls:
+    """What a session asked of MLflow, counted rather than timed (a loaded runner's seconds are
+    no measure of what the session waited for): every connection it opened to a server, and
+    every time MLflow went off for the rest of the session (MlflowSink._stop), with why."""
+
+    connections: list[Connection] = field(default_factory=list)
+    stops: list[str] = field(default_factory=list)
+
+    def to(self, port: int) -> list[Connection]:
+        return [c for c in self.connections if c.port == port]
+
+
+@contextlib.contextmanager
+def counting_mlflow_calls() -> Iterator[MlflowCalls]:
+    """Count what the harness asks of MLflow in this process: the connections urllib3 opens (for
+    requests, under MLflow's client) and the sink's stops."""
+    calls = MlflowCalls()
+    connect, stop = urllib3.util.connection.create_connection, tracking.MlflowSink._stop
+
+    def counted_connect(address, timeout=None, *args, **kwargs):
+        try:
+            opened = connect(address, timeout, *args, **kwargs)
+        except OSError as exc:
+            calls.connections.append(Connection(address[1], timeout, type(exc).__name__))
+            raise
+        calls.connections.append(Connection(address[1], timeout, None))
+        return opened
+
+    def counted_stop(sink, down: str, *args, **kwargs) -> None:
+        calls.stops.append(down)
+        stop(sink, down, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(urllib3.util.connection, "create_connection", counted_connect)
+        patch.setattr(tracking.MlflowSink, "_stop", counted_stop)
+        yield calls
+
+
+def run_session(pytester, *args: str) -> tuple[pytest.RunResult, MlflowCalls]:
+    """A session of SCENARIOS in this process, and what it asked of MLflow."""
     pytester.makepyfile(**{"scenarios/test_scn": SCENARIOS})
-    started = time.monotonic()
-    result = pytester.runpytest_inprocess(
-        "scenarios", "--amp-device=cpu", "-p", "no:cacheprovider",
-        f"--amp-reports={pytester.path / 'reports'}", *args,
-    )  # fmt: skip
-    return result, time.monotonic() - started
+    with counting_mlflow_calls() as calls:
+        result = pytester.runpytest_inprocess(
+            "scenarios", "--amp-device=cpu", "-p", "no:cacheprovider",
+            f"--amp-reports={pytester.path / 'reports'}", *args,
+        )  # fmt: skip
+    return result, calls
 
 
 def runs(uri: str) -> list:

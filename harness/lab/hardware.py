@@ -27,9 +27,7 @@ from pathlib import Path
 
 import torch
 
-# The CPU kernel levels a class can name, lowest first. VNNI (8-bit integer dot products) does
-# not change a float16 or bfloat16 result, so it names no level of its own.
-LEVELS = ("sse41", "avx", "avx2", "avx512", "avx512-bf16", "avx512-fp16", "amx", "amx-fp16")
+from harness.lab.levels import LEVELS, level_rank
 
 # What holds the kernels to a level on a machine that has more (`--amp-cpu-class`): ATen's
 # dispatch, oneDNN's and MKL's. Each is read once, when the library first runs a kernel.
@@ -74,11 +72,6 @@ _INSTRUCTIONS = (
     ("bf16", None, "bf16"),  # aarch64: BFloat16 instructions
     ("sve", None, "sve"),
 )
-
-
-def level_rank(level: str) -> int:
-    """A level's place in LEVELS (higher is more); -1 for a level not on the list."""
-    return LEVELS.index(level) if level in LEVELS else -1
 
 
 def cpu_facts() -> dict[str, str]:

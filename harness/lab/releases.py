@@ -258,6 +258,30 @@ def behaviour(name: str, device: str, version: str | None = None) -> str:
     return BEFORE
 
 
+def between(claim: str, environments: list[tuple[str, str]]) -> list[tuple[str, Change]]:
+    """The known changes of `claim` that `environments` ((device, torch version) each) fall on
+    both sides of: what predicts a difference of the claim between them."""
+    found = []
+    for name, change in CHANGES.items():
+        if claim not in change.claims:
+            continue
+        sides = {
+            behaviour(name, device, v) for device, v in environments if change.applies_to(device)
+        }
+        if len(sides) > 1:
+            found.append((name, change))
+    return found
+
+
+def in_words(name: str) -> str:
+    """A known change, in one sentence: when, where, what before and since."""
+    change = CHANGES[name]
+    return (
+        f"Known change in torch {change.first} on {change.where} (harness.lab.releases "
+        f"{name!r}): before, {change.before}; since, {change.current}."
+    )
+
+
 def describe(name: str, device: str, version: str | None = None) -> str:
     """One sentence for the evidence: which side of the change this run predicts, and why."""
     change = CHANGES[name]

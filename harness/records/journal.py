@@ -19,6 +19,9 @@ baseline, compare, the plugin's end of session):
   from their session_id (harness.records.journal_index.rebuilt_session, marked `rebuilt`), and
   said, so that `amp-harness sync` sends them; a session end without its session is left out.
 
+A session is marked experimental, or of record again, after the fact by a `session_mark` entry
+appended later (`amp-harness sessions mark`): the file is never edited; the index folds the last
+mark into its session's entry (harness.records.journal_index.MARK).
 A session's journal survives being deleted while the session runs (`Journal.keep`): the next
 append re-creates it, the session entry first, with every entry the process had appended
 before, and `rewritten` says so for the end of the session.

@@ -25,7 +25,7 @@ from harness.common.errors import HarnessError
 from harness.records import shapes
 from harness.records.record import Record
 
-FORMAT = 2  # bump when what the index holds, or how lines are judged, changes
+FORMAT = 3  # bump when what the index holds, or how lines are judged, changes (3: marks)
 # Every entry starts with its type (json.dumps keeps the key order the harness writes): where a
 # line's start is garbage, a complete entry after it starts at one of these.
 _ENTRY_START = b'{"type"'
@@ -47,10 +47,20 @@ ENTRY_FIELDS = {
         "exitstatus": "whole",
         "counts": ("object", "whole"),
     },
+    # `amp-harness sessions mark ID experimental|record`: folded into its session's entry (MARK)
+    "session_mark": {"session_id": "text", "marked": "number", "state": "text", "reason": "text"},
 }
 _UNUSABLE = "(the line stays in the file: fix it by hand to read it again)"
 # The field that marks a session entry the reader made up for records whose own is missing.
 REBUILT = "rebuilt"
+# A session's mark, in its entry: {"state": EXPERIMENTAL or RECORD, "reason": text, "marked":
+# seconds since the epoch}. Written there by pytest's --amp-experimental as the session starts;
+# a later `session_mark` entry (`amp-harness sessions mark`) replaces it as the index reads it.
+# An experimental session is kept out of the team's record: the report's ledger, `baseline
+# save`, the comparisons of `last`. None is of record until marked.
+MARK = "mark"
+EXPERIMENTAL, RECORD = "experimental", "record"
+MARK_STATES = (EXPERIMENTAL, RECORD)
 
 
 def short_id(session_id: str) -> str:
@@ -80,7 +90,7 @@ class Index:
     digest: str = hashlib.sha1().hexdigest()  # of the bytes covered
     sessions: dict[str, Indexed] = field(default_factory=dict)
     problems: list[list] = field(default_factory=list)  # [line, what], in line order
-    orphans: list[int] = field(default_factory=list)  # lines of ends of no known session
+    orphans: list[int] = field(default_factory=list)  # ends and marks of no known session
     rebuilt: dict[str, list[int]] = field(default_factory=dict)  # session id -> its record lines
     unknown: dict[str, list[int]] = field(default_factory=dict)  # field or type -> lines
 
@@ -100,6 +110,9 @@ class Index:
             return
         problem = shapes.fields_problem(entry, ENTRY_FIELDS[kind])
         problem = problem and f"{kind} entry: {problem}"
+        if problem is None and kind == "session_mark" and entry["state"] not in MARK_STATES:
+            self.unknown.setdefault(f"session_mark state {entry['state']!r}", []).append(number)
+            return
         record = None
         if problem is None and kind == "record":
             try:
@@ -115,7 +128,8 @@ class Index:
         sid = entry["session_id"]
         session = self.sessions.get(sid)
         if kind == "session" and self.rebuilt.pop(sid, None) is not None:
-            session.entry = entry  # its records came first: written again after it vanished
+            # Its records came first: written again after it vanished; a mark read since stays.
+            session.entry = {**entry, **{k: v for k, v in session.entry.items() if k == MARK}}
         elif kind == "session":
             self.sessions[sid] = Indexed(entry)
         elif record is not None:
@@ -128,6 +142,9 @@ class Index:
             session.claims = list(dict.fromkeys(session.claims + record.claims))
         elif session is None:
             self.orphans.append(number)
+        elif kind == "session_mark":
+            session.entry = {**session.entry, MARK: mark(entry["state"], entry["reason"],
+                                                         entry["marked"])}  # fmt: skip
         else:
             session.end = entry
 
@@ -143,8 +160,8 @@ class Index:
             )
         if self.orphans:
             said.append(
-                f"{path}: left out {len(self.orphans)} session ends of sessions whose session "
-                f"entry is missing or unusable (lines {lines_text(self.orphans)})"
+                f"{path}: left out {len(self.orphans)} session ends or marks of sessions whose "
+                f"session entry is missing or unusable (lines {lines_text(self.orphans)})"
             )
         if self.unknown:
             names = ", ".join(f"{n} (lines {lines_text(ls)})" for n, ls in self.unknown.items())
@@ -168,6 +185,31 @@ def rebuilt_session(sid: str, record: Record) -> dict:
         "fingerprint": {},
         REBUILT: "the journal holds records of this session but not its session entry",
     }
+
+
+def mark(state: str, reason: str, marked: float) -> dict:
+    """A session's mark (MARK), as its entry holds it: `state` (EXPERIMENTAL or RECORD) since
+    `marked`, for `reason` ("" where none was given)."""
+    return {"state": state, "reason": reason, "marked": marked}
+
+
+def mark_entry(session_id: str, state: str, reason: str, marked: float) -> dict:
+    """The journal entry that marks a session after the fact (`amp-harness sessions mark`)."""
+    return {"type": "session_mark", "session_id": session_id, **mark(state, reason, marked)}
+
+
+def mark_of(session: dict) -> dict | None:
+    """The mark of a session entry (MARK: {"state", "reason", "marked"}); None where it was
+    never marked, or its mark is not one this version reads (a hand edit)."""
+    found = session.get(MARK)
+    usable = isinstance(found, dict) and found.get("state") in MARK_STATES
+    return found if usable and isinstance(found.get("reason"), str) else None
+
+
+def is_experimental(session: dict) -> bool:
+    """Whether the session entry is marked experimental (MARK): kept out of the team's record."""
+    found = mark_of(session)
+    return found is not None and found["state"] == EXPERIMENTAL
 
 
 def read(path: Path, rebuild: bool = False) -> Index:

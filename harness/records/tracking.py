@@ -12,11 +12,19 @@ middle, a call MLflow refused) is deleted by `sync` and its record logged afresh
 of a session that never ended (its process killed) is ended by `sync` as KILLED, saying why.
 `sync` holds a lock beside the journal, and leaves alone the sessions that still run (each holds
 a lock of its own while it runs), so neither another sync nor a live session logs a record twice.
+
+Each HTTP request to a tracking server is bounded by who waits on it (Bounds): a session's calls,
+writes and the reads among them, which the tests wait on, by SESSION; a command's (the report's
+reads, and `sync`'s checks and the writes it replays), which a person runs to get MLflow's
+answer, by COMMAND, patient with a busy server. Both connect within seconds: a server that is
+down is said within seconds by either. A failure is said as measured (Unavailable): "down" when
+no connection was made, "slow" when the server took the connection and did not answer in time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -51,6 +59,11 @@ COMPLETE = "amp.complete"  # "false" from the run's creation, "true" as its last
 END_REASON = "amp.end_reason"  # on a session run ended by `sync`, not by its session
 LEFT_OUT = "amp.left_out"  # on a session run: what of the suite it did not run, if anything
 EXIT_STATUS = "amp.exitstatus"  # on a session run: pytest's exit status
+# On a session's parent and test runs once it is marked (journal_index.MARK: pytest's
+# --amp-experimental, `amp-harness sessions mark`): "true" for an experiment, "false" once of
+# record again; a team filters experiments out with `tags.amp.experimental != 'true'`.
+EXPERIMENTAL = "amp.experimental"
+EXPERIMENTAL_REASON = "amp.experimental_reason"
 RUNNING_FOLDER = ".running"  # beside the journal: one lock file per session while it runs
 SYNC_LOCK = ".sync.lock"  # beside the journal: one `sync` at a time
 DOWNSAMPLED = "amp.downsampled"  # on a test run: its histories MLflow got fewer points of
@@ -61,13 +74,8 @@ DOWNSAMPLED = "amp.downsampled"  # on a test run: its histories MLflow got fewer
 # points MLflow's UI samples of a history to draw it.
 HISTORY_POINTS = 2000
 
-# Bounded calls: a 4 s timeout and one retry (under 10 s in all), instead of MLflow's 120 s and
-# 7 retries with backoff. Telemetry off. A user's own setting of any of these wins.
+# Telemetry off, where the user has not set it. (The bounds of each request: Bounds, below.)
 MLFLOW_ENV = {
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "4",
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.2",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DO_NOT_TRACK": "true",
     "GIT_PYTHON_REFRESH": "quiet",
@@ -95,11 +103,83 @@ _PAGE = 5000  # runs per search call
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]+")
 
 
-def ui_url(ui: str, experiment_id: str, run_id: str | None = None) -> str:
-    """The page of an experiment's runs (or of one run) in the MLflow UI at `ui`, in its model
-    training view (UI_VIEW)."""
-    page = f"/runs/{run_id}" if run_id else ""
-    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}{page}?{UI_VIEW}"
+# The view a team compares in. MLflow 3.17's runs page reads its search from the URL (only
+# searchFilter, orderByKey, orderByAsc, startTime, lifecycleFilter, modelVersionFilter and
+# datasetsFilter; `isComparingRuns` is no longer read) but not its columns or grouping: those
+# are kept in the browser, or in a saved view ("Views", "Save view"), which MLflow keeps as the
+# experiment's tag VIEW_TAG + key and opens from the URL's `viewStateShareKey=<key>`. The
+# harness saves VIEWS in its experiment (views(), on every session's start and by `amp-harness
+# ui`) and its links open BY_CLAIM: the test runs alone (no collapsed sessions), grouped,
+# their names wide, with the verdict columns. A URL with both a search and a view key opens
+# without the view, so each view is the whole state. The assistant's panel is the browser's
+# alone. Checked in headless Chromium by tests/reports/test_mlflow_ui.py.
+VIEW_TAG = "mlflow.sharedViewState."
+BY_CLAIM, BY_ENVIRONMENT = "amp-harness-by-claim", "amp-harness-by-environment"
+ENVIRONMENT_TAGS = ("env.hardware_class", "env.torch")  # an environment, as grouped in MLflow
+_VIEW_CHARS = 20_000  # MLflow's limit on an experiment tag's value (its UI's on a saved view)
+_VIEW_FIRST_COLUMNS = ("attributes.`Run Name`", "runDateAndNestInfo", "duration")  # MLflow's
+# The names wide enough for claim, verdict and most of the test; the environment whole.
+_VIEW_WIDTHS = {"attributes.`Run Name`": 480, "runDateAndNestInfo": 140,
+                "tags.`env.hardware_class`": 170, "tags.`env.torch`": 110}  # fmt: skip
+_VIEW_SAVED = 1_796_515_200_000  # a fixed time (ms): a view's tag is rewritten only on a change
+
+
+def views(claim_ids: list[str] | None = None) -> dict[str, str]:
+    """The experiment tags of the harness's saved views in MLflow's UI, each in the envelope of
+    MLflow's "Save view": the test runs, latest first, grouped by claim (BY_CLAIM) or by
+    environment (BY_ENVIRONMENT), with a verdict column per claim of the catalogue (`claim_ids`:
+    those) in the order of their ids, as many as MLflow's limit on a tag holds (the rest: the
+    page's Columns menu). MLflow draws a column only for a tag the runs it loaded have."""
+    if claim_ids is None:
+        try:
+            claim_ids = list(claims.catalogue())
+        except claims.CatalogueError:  # a broken project catalogue: the session says so itself
+            claim_ids = list(claims.builtin())
+    claim_ids = sorted(c for c in claim_ids if _PLAIN_ID.fullmatch(c))  # an id holds no `
+    env = [f"tags.`{t}`" for t in ENVIRONMENT_TAGS]
+    found = {}
+    for key, name, group, shown in (
+        (BY_CLAIM, "amp-harness: tests by claim", ["claims"], ["tags.`outcome`", *env]),
+        (BY_ENVIRONMENT, "amp-harness: tests by environment", ENVIRONMENT_TAGS,
+         ["tags.`outcome`"]),
+    ):  # fmt: skip
+
+        def envelope(n: int, name=name, group=group, shown=shown) -> str:
+            columns = shown + [f"tags.`verdict.{c}`" for c in claim_ids[:n]]
+            state = {
+                "searchFilter": "tags.`amp.kind` = 'test'",
+                "orderByKey": "attributes.end_time",
+                "orderByAsc": False,
+                "selectedColumns": columns,
+                "columnOrder": [*_VIEW_FIRST_COLUMNS, *columns],
+                "columnWidths": _VIEW_WIDTHS,
+                "groupBy": {
+                    "aggregateFunction": "average",
+                    "groupByKeys": [{"mode": "tag", "groupByData": t} for t in group],
+                },
+            }
+            return json.dumps({"name": name, "createdAt": _VIEW_SAVED, "updatedAt": _VIEW_SAVED,
+                               "state": json.dumps(state)})  # fmt: skip
+
+        low, high = 0, len(claim_ids)  # the most verdict columns that fit
+        while low < high:
+            middle = (low + high + 1) // 2
+            fits = len(envelope(middle)) <= _VIEW_CHARS
+            low, high = (middle, high) if fits else (low, middle - 1)
+        found[VIEW_TAG + key] = envelope(low)
+    return found
+
+
+def ui_url(
+    ui: str, experiment_id: str, run_id: str | None = None, view: str | None = BY_CLAIM
+) -> str:
+    """The page of one run, or of an experiment's runs in its saved `view` (one of views(),
+    which the experiment must hold; None: the runs list as MLflow opens it), in the MLflow UI
+    at `ui`, in its model training view (UI_VIEW)."""
+    page = f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs"
+    if run_id:
+        return f"{page}/{run_id}?{UI_VIEW}"
+    return f"{page}?{UI_VIEW}" + (f"&viewStateShareKey={view}" if view else "")
 
 
 # --- passwords -------------------------------------------------------------------------------
@@ -198,9 +278,121 @@ def resolve_uri(option: str | None, reports: Path) -> str:
     return uri
 
 
+def command_line(name: str, *args: str, reports: Path, uri: str | None = None) -> str:
+    """`amp-harness NAME ARGS` for the folder `reports` and the store `uri`, as a user copies it
+    from what a session or command printed: with --reports unless `reports` is the commands'
+    default (./reports), with --tracking-uri unless the command finds that store itself
+    ($MLFLOW_TRACKING_URI, else the folder's mlflow.db); quoted for the shell, without the
+    password, and then how to give it."""
+    words, note = ["amp-harness", name, *args], ""
+    if Path(reports).resolve() != Path("reports").resolve():
+        words += ["--reports", str(reports)]
+    if uri is not None and uri != (os.environ.get("MLFLOW_TRACKING_URI") or default_uri(reports)):
+        words += ["--tracking-uri", redact(uri)]
+        note = f" ({PASSWORD_LEFT_OUT})" if redact(uri) != uri else ""
+    return f"`{shlex.join(words)}`{note}"
+
+
+PASSWORD_LEFT_OUT = (
+    "with the password, left out here: put it back in the URI, or set MLFLOW_TRACKING_USERNAME "
+    "and MLFLOW_TRACKING_PASSWORD"
+)
+
+
+# --- how long a tracking server is waited for ------------------------------------------------
+# MLflow's own bound is one number for the connection and the answer alike (120 s, 7 retries with
+# backoff: minutes per call on a server that is down or hangs). The harness's requests go with
+# two, by who waits on them; a user's MLFLOW_HTTP_REQUEST_* settings win (Bounds.in_force).
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """How long one HTTP request to a tracking server may take: `connect` seconds to make the
+    connection, `read` seconds for the answer once connected; sent again `retries` times after a
+    connection refused, a timeout or a 5xx, the second retry `backoff` seconds after the first
+    (doubled for each one after it; urllib3 sends the first at once)."""
+
+    connect: float
+    read: float
+    retries: int
+    backoff: float
+
+    def in_force(self) -> Bounds:
+        """These bounds with the user's settings in their place: MLFLOW_HTTP_REQUEST_TIMEOUT
+        is the read timeout, and the connect timeout where it is shorter; then
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES and MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR."""
+        read = float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", self.read))
+        return Bounds(
+            connect=min(self.connect, read),
+            read=read,
+            retries=int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", self.retries)),
+            backoff=float(os.environ.get("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", self.backoff)),
+        )
+
+
+# A connection is made in milliseconds by a server that is up, loaded or not; 4 s leaves room for
+# two lost SYNs (resent after 1 s and 3 s). A refused one, or a name that does not resolve, fails
+# at once: a server that is down is said within seconds, by a session and a command alike.
+# A session's calls, writes and the reads among them: the tests wait on each. One answer that
+# takes over 4 s (a server that hangs: about 8 s, two tries) and the session goes on with the
+# journal alone: `sync` later sends MLflow the rest, with COMMAND's patience, and a busy server
+# never holds the tests for minutes.
+SESSION = Bounds(connect=4, read=4, retries=1, backoff=1)
+# A command's calls (the report's reads, `sync`'s checks and the writes it replays): a person runs
+# it for MLflow's answer, and a busy team server (PostgreSQL under load) takes tens of seconds
+# for one. Three tries of 30 s, the last 2 s after the second: a server that never answers is
+# said to be slow after about 1.5 min.
+COMMAND = Bounds(connect=4, read=30, retries=2, backoff=1)
+# Those of the harness's MLflow call in progress, if any. A global, not a context variable: MLflow
+# downloads a run's artifacts in threads of its own, whose requests are the call's too.
+_bounds_now: Bounds | None = None
+
+
+@contextlib.contextmanager
+def _bounded_by(bounds: Bounds) -> Iterator[None]:
+    """The block's HTTP requests held to `bounds` (_bounded_requests)."""
+    global _bounds_now
+    before, _bounds_now = _bounds_now, bounds
+    try:
+        yield
+    finally:
+        _bounds_now = before
+
+
+def _bounded_requests(send: Callable) -> Callable:
+    """MLflow's sender of each HTTP request (its own retries included), held to the bounds of the
+    harness's call in progress: MLflow passes it one timeout from MLFLOW_HTTP_REQUEST_TIMEOUT,
+    requests takes (connect, read). A request outside the harness's calls (MLflow used by a
+    scenario itself) is left as MLflow sends it."""
+
+    @functools.wraps(send)
+    def bounded(method, url, max_retries, backoff_factor, *args, timeout=None, **kwargs):
+        if _bounds_now is not None:
+            bounds = _bounds_now.in_force()
+            max_retries, backoff_factor = bounds.retries, bounds.backoff
+            timeout = (bounds.connect, bounds.read)
+        return send(method, url, max_retries, backoff_factor, *args, timeout=timeout, **kwargs)
+
+    bounded.amp_bounds = True
+    return bounded
+
+
+def _hold_requests_to_bounds() -> None:
+    """MLflow's sender replaced by _bounded_requests, once. MLflow 3.17's, where every request
+    of its REST store and artifact repository goes (mlflow.utils.rest_utils.http_request):
+    tests/records/test_tracking.py's slow and hanging servers fail if that changes."""
+    from mlflow.utils import rest_utils
+
+    if not getattr(rest_utils._get_http_response_with_retries, "amp_bounds", False):
+        rest_utils._get_http_response_with_retries = _bounded_requests(
+            rest_utils._get_http_response_with_retries
+        )
+
+
 def client(uri: str, set_aside: list[str] | None = None) -> BoundedClient:
-    """An MlflowClient whose calls are bounded (MLFLOW_ENV, BoundedClient), for every reader and
-    writer.
+    """An MlflowClient whose calls are bounded (BoundedClient), for every reader and writer: by
+    a command's patient bounds (COMMAND: the report reads with them), which a session's sink
+    sets to SESSION.
 
     An embedded store left half-made (halfmade.py) is set aside and made anew; what was done is
     appended to `set_aside` ("the store ... was half-made (...): set aside as ...")."""
@@ -211,7 +403,9 @@ def client(uri: str, set_aside: list[str] | None = None) -> BoundedClient:
     # one is not left to the user's setting.
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     with foreign_warnings_ignored():  # MLflow's import and its store's making warn
-        return BoundedClient(_mlflow_client(uri, set_aside))
+        made = _mlflow_client(uri, set_aside)
+    _hold_requests_to_bounds()
+    return BoundedClient(made, COMMAND, redact(uri))
 
 
 def _mlflow_client(uri: str, set_aside: list[str] | None):
@@ -252,7 +446,8 @@ def _mlflow_client(uri: str, set_aside: list[str] | None):
             if set_aside is not None:
                 set_aside.append(note)
             else:  # a reader (the report): said on stderr, with what refills the store
-                log.warning("MLflow: %s; `amp-harness sync` fills it from the journal", note)
+                sync = command_line("sync", reports=store.parent, uri=uri)
+                log.warning("MLflow: %s; %s fills it from the journal", note, sync)
     for folder in stray:  # the deepest first; a folder with anything in it stays
         try:
             folder.rmdir()
@@ -300,16 +495,18 @@ def progress_bars_off() -> Iterator[None]:
 
 
 class BoundedClient:
-    """An MlflowClient (`mlflow_client`) whose every method runs with foreign_warnings_ignored
-    and is sent again when its answer was cut in the middle (_cut): MLflow's client retries a
-    request whose answer never came or was a 5xx, never one whose body broke off, and one such
-    answer turned MLflow off for the rest of the session. As many times as MLflow's client
-    would retry a 5xx (MLFLOW_HTTP_REQUEST_MAX_RETRIES), each bounded as its requests are; what
-    a request sent twice makes twice is deleted as for a 5xx (MlflowSink._drop_copies). Its
-    other attributes are the client's own."""
+    """An MlflowClient (`mlflow_client`, of the store `label` names) whose every method runs with
+    foreign_warnings_ignored, its HTTP requests held to `bounds` (SESSION unless told), and is
+    sent again when its answer was cut in the middle (_cut): MLflow's client retries a request
+    whose answer never came or was a 5xx, never one whose body broke off, and one such answer
+    turned MLflow off for the rest of the session. As many times as MLflow's client would retry
+    a 5xx (the retries in force), each bounded as its requests are; what a request sent twice
+    makes twice is deleted as for a 5xx (MlflowSink._drop_copies). A server that gave no answer
+    raises Unavailable, saying whether it is down or slow. Its other attributes are the
+    client's own."""
 
-    def __init__(self, mlflow_client):
-        self.mlflow_client = mlflow_client
+    def __init__(self, mlflow_client, bounds: Bounds = SESSION, label: str = ""):
+        self.mlflow_client, self.bounds, self.label = mlflow_client, bounds, label
 
     def __getattr__(self, name: str):
         found = getattr(self.mlflow_client, name)
@@ -318,25 +515,69 @@ class BoundedClient:
 
         @functools.wraps(found)
         def bounded(*args, **kwargs):
-            sent_again = 0
+            sent_again, started = 0, time.monotonic()
             while True:
                 try:
-                    with foreign_warnings_ignored(), progress_bars_off():
+                    with foreign_warnings_ignored(), progress_bars_off(), _bounded_by(self.bounds):
                         return found(*args, **kwargs)
                 except Exception as exc:
-                    if not _cut(exc) or sent_again >= _retries():
+                    bounds = self.bounds.in_force()
+                    if _cut(exc) and sent_again < bounds.retries:
+                        sent_again += 1
+                        log.info("MLflow: %s: the answer was cut (%s); sent again", name,
+                                 reason(exc))  # fmt: skip
+                        continue
+                    condition = _condition(exc)
+                    if condition is None:
                         raise
-                    sent_again += 1
-                    log.info("MLflow: %s: the answer was cut (%s); sent again", name, reason(exc))
+                    seconds = time.monotonic() - started
+                    raise Unavailable(self.label, condition, reason(exc), bounds, seconds) from exc
 
         return bounded
 
 
-def _retries() -> int:
-    """MLFLOW_HTTP_REQUEST_MAX_RETRIES, as MLflow's client reads it (MLFLOW_ENV, or the user's):
-    read only once an answer was cut, MLflow having read it well for the request."""
-    return int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", MLFLOW_ENV[
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES"]))  # fmt: skip
+class Unavailable(HarnessError):
+    """A tracking server that gave no answer, said as measured: `condition` "down" (no connection
+    made: refused, a name that does not resolve, no route, the connect timeout) or "slow" (it
+    took the connection and did not answer within the read timeout: busy). Never "start the
+    server" to a server that runs."""
+
+    def __init__(self, label: str, condition: str, detail: str, bounds: Bounds, seconds: float):
+        self.condition, self.read = condition, bounds.read
+        tries = f"{bounds.retries + 1} tries in {seconds:.1f} s"
+        self.said = (f"no connection ({tries}): {detail}" if condition == "down" else
+                     f"no answer within {bounds.read:g} s ({tries}): {detail}")  # fmt: skip
+        super().__init__(
+            f"MLflow at {label} is {condition}: {self.said}. Fix: {advice(condition, bounds.read)}"
+        )
+
+
+def advice(condition: str, read: float) -> str:
+    """What to do about a server that is "down" or "slow" (given `read` seconds an answer)."""
+    if condition == "down":
+        return (
+            "start the tracking server, or check its URI (--tracking-uri or $MLFLOW_TRACKING_URI)"
+        )
+    return (
+        f"the server took the connection but did not answer within {read:g} s: it is busy. "
+        "Retry later, or give it longer (MLFLOW_HTTP_REQUEST_TIMEOUT=SECONDS)"
+    )
+
+
+def _condition(exc: Exception) -> str | None:
+    """Said "down" where no connection was made (urllib3's ConnectTimeoutError covers a refused one,
+    a name that does not resolve and no route too), "slow" where a made one timed out waiting
+    for the answer, None for any other failure (a reset, a 5xx, a refusal, a bug)."""
+    from requests.exceptions import ConnectTimeout, ReadTimeout
+    from urllib3.exceptions import ConnectTimeoutError, ReadTimeoutError
+
+    chain = list(_chain(exc))
+    no_connection = (ConnectTimeoutError, ConnectTimeout, ConnectionRefusedError, socket.gaierror)
+    if any(isinstance(e, no_connection) for e in chain):
+        return "down"
+    if any(isinstance(e, (ReadTimeoutError, ReadTimeout)) for e in chain):
+        return "slow"
+    return None
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -487,6 +728,7 @@ class MlflowSink:
         )
         self.down: str | None = None
         self.unreachable = False  # whether `down` is what waiting for the server fixes
+        self.unavailable: Unavailable | None = None  # a server that gave no answer: down, slow
         self.fix = ""  # what to fix (_fix), where `down` is neither a HarnessError nor waiting
         self.refused: list[str] = []  # "<test>: <why>" for each result MLflow refused
         self.notes: list[str] = []  # what was done to the store on the way (a moved store)
@@ -497,6 +739,7 @@ class MlflowSink:
         try:
             _check_writable(self.store)
             self.client = client(uri, set_aside)
+            self.client.bounds = SESSION  # the tests wait on a session's calls; `sync`: COMMAND
             self.notes += [f"{text}; {self._sync_command()} fills it from the journal"
                            for text in set_aside]  # fmt: skip
         except HarnessError as exc:  # the session goes on, on the journal alone
@@ -506,6 +749,7 @@ class MlflowSink:
             where = f"the store {self.store}" if self.store else f"MLflow at {self.label}"
             self._stop(f"cannot open {where} ({reason(exc)})", exc)
         self._experiment_id: str | None = None
+        self._views_saved = False  # the experiment holds views(): links open BY_CLAIM
         self._parents: dict[str, str] = {}  # session id -> parent run id
 
     def _stop(self, down: str, exc: Exception | None = None) -> None:
@@ -513,6 +757,7 @@ class MlflowSink:
         self.down = down
         if exc is not None:
             self.unreachable = _unreachable(exc)
+            self.unavailable = exc if isinstance(exc, Unavailable) else None
             self.fix = _fix(exc)
         log.info("MLflow at %s: %s", self.label, down)
 
@@ -542,18 +787,36 @@ class MlflowSink:
             return f"another process holds the store locked: once it lets go, run {sync}"
         if self.store and any(s in why for s in ("full", "no space")):
             return f"free space on the disk of {self.store.parent}, then run {sync}"
-        if self.unreachable:
+        if self.unavailable:
+            fix = advice(self.unavailable.condition, self.unavailable.read)
+            text = f"{fix}; then {sync} sends MLflow what it lacks"
+            if self.unavailable.condition == "slow":  # sync waits longer than a session
+                text += f", waiting up to {COMMAND.in_force().read:g} s an answer"
+        elif self.unreachable:
             text = f"once MLflow is reachable, run {sync}"
         elif self.fix:
             text = f"it is no connection problem: {self.fix}, then run {sync}"
         else:  # a HarnessError of ours (MLflow not installed): `down` says what to do
             text = f"once that is done, run {sync}"
         if self.label != self.uri:
-            text += (
-                " (with the password, left out here: put it back in the URI, or set "
-                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)"
-            )
+            text += f" ({PASSWORD_LEFT_OUT})"
         return text
+
+    def browse(self) -> str:
+        """Where a person browses the runs: the server's page of the experiment (its test runs
+        by claim, BY_CLAIM, where the experiment holds the view), `amp-harness ui` for a store it
+        serves (a folder's mlflow.db), else `mlflow ui` on the store."""
+        if urlparse(self.uri).scheme in ("http", "https"):
+            view = BY_CLAIM if self._views_saved else None
+            page = (
+                ui_url(self.label, self._experiment_id, view=view)
+                if self._experiment_id
+                else self.label
+            )
+            return f"browse at {page}"
+        if self.store is not None and self.store.name == DB_NAME:
+            return f"browse with {command_line('ui', reports=self.store.parent)}"
+        return f"browse with `{shlex.join(['mlflow', 'ui', '--backend-store-uri', self.label])}`"
 
     def _guard(self, what: str, call, *args, refusable: bool = False, **kwargs):
         if self.down:
@@ -580,6 +843,7 @@ class MlflowSink:
                     self._experiment_id = self.client.create_experiment(
                         self.experiment, self._artifact_root, tags=EXPERIMENT_TAGS
                     )
+                    self._save_views({})
                     return self._experiment_id
                 except Exception:
                     # Another session created it meanwhile (two first sessions on one store).
@@ -591,7 +855,24 @@ class MlflowSink:
                 if found.tags.get(key) != value:
                     self.client.set_experiment_tag(found.experiment_id, key, value)
             self._experiment_id = found.experiment_id
+            self._save_views(found.tags)
         return self._experiment_id
+
+    def _save_views(self, present: dict[str, str]) -> None:
+        """Save the harness's views (views()) in the experiment where it lacks them or holds
+        older ones. A server that refuses one (an older MLflow's shorter tags) keeps the session
+        going: its links open the runs list without the view, and a note says so."""
+        try:
+            for key, value in views().items():
+                if present.get(key) != value:
+                    self.client.set_experiment_tag(self._experiment_id, key, value)
+        except Exception as exc:
+            if not _refused(exc):
+                raise
+            self.notes.append(f"MLflow refused the saved views of the runs ({reason(exc)}): "
+                              "its links open the runs list as MLflow shows it")  # fmt: skip
+            return
+        self._views_saved = True
 
     def _follow_moved_store(self, experiment):
         """The embedded store moved (or was copied) with its reports folder: its experiments
@@ -642,6 +923,7 @@ class MlflowSink:
             "amp.session_id": session["session_id"],
             "amp.args": " ".join(session["args"]),
             **_env_tags(session),
+            **mark_tags(session),
         }
         if journal_index.REBUILT in session:  # its entry was lost: said where the run is read
             tags["amp.rebuilt"] = session[journal_index.REBUILT]
@@ -663,6 +945,25 @@ class MlflowSink:
 
     def log_record(self, session: dict, record: Record) -> None:
         self._guard(f"logging {record.test}", self._log_record, session, record, refusable=True)
+
+    def mark_session(self, session: dict, present: list | None = None) -> int | None:
+        """Tag the runs of the session (`present`: as read already; else looked up) with its
+        mark (mark_tags) where they lack it: how many runs were tagged; None where MLflow is
+        down (`down` says why)."""
+        return self._guard("tagging the session's runs with its mark", self._mark_runs,
+                           session, present)  # fmt: skip
+
+    def _mark_runs(self, session: dict, present: list | None) -> int:
+        from mlflow.entities import RunTag
+
+        tags = _clean(mark_tags(session))
+        if present is None:  # never an experiment made only to be searched
+            found = self.client.get_experiment_by_name(self.experiment)
+            present = self._session_runs(session["session_id"]) if found else []
+        stale = [run for run in present if any(run.data.tags.get(k) != v for k, v in tags.items())]
+        for run in stale:
+            self.client.log_batch(run.info.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        return len(stale)
 
     def end_session(self, session: dict, end: dict) -> None:
         self._guard("ending the session run", self._end_session, session, end)
@@ -717,6 +1018,7 @@ class MlflowSink:
             "outcome": record.outcome,
             "outcome.message": record.message,
             **_env_tags(session),
+            **mark_tags(session),
         }
         known = claims.catalogue()
         for v in record.verdicts.values():
@@ -828,9 +1130,12 @@ class MlflowSink:
         per journal (`on_wait` is called when it has to wait for another one)."""
         counts = dict.fromkeys(
             ("sessions", "records_sent", "records_present", "records_replaced",
-             "records_refused", "sessions_killed", "sessions_running", "copies_deleted"), 0,
+             "records_refused", "sessions_killed", "sessions_running", "copies_deleted",
+             "runs_marked"), 0,
         )  # fmt: skip
         folder = journal.path.parent
+        if self.client is not None:  # a command: waiting for a busy server is what it is for
+            self.client.bounds = COMMAND
         if self.client is not None and self.store is not None:
             _commit_without_fsync(self.client)
         with _locked(folder / SYNC_LOCK, on_wait):
@@ -871,6 +1176,11 @@ class MlflowSink:
             self._guard("deleting a half-logged run", self.client.delete_run, run.info.run_id)
             if self.down:
                 return
+        # Marked since these runs were logged (`amp-harness sessions mark`, MLflow unreachable)
+        counts["runs_marked"] += self.mark_session(session.entry, [
+            r for r in present if r not in half]) or 0  # fmt: skip
+        if self.down:
+            return
         counts["records_replaced"] += len({r.data.tags["amp.record_id"] for r in half} - complete)
         for record in session.records:
             if record.record_id in complete:
@@ -984,15 +1294,22 @@ def _refused(exc: Exception) -> bool:
 
 def reason(exc: Exception) -> str:
     """An MLflow error as a short phrase: its first line, without passwords, and for a failed
-    HTTP request the endpoint and the cause ("Connection refused", "Read timed out")."""
+    HTTP request the endpoint and the cause ("Connection refused", "Read timed out"); for a
+    server that gave no answer, whether it is down or slow."""
+    if isinstance(exc, Unavailable):
+        return f"the server is {exc.condition}: {exc.said}"
     # SQLAlchemy puts a line about its autoflush before the database's own words: skip it.
     lines = [line for line in str(exc).strip().splitlines()
              if not line.startswith("(raised as a result of")]  # fmt: skip
     text = redact((lines or [type(exc).__name__])[0])
-    request = re.match(r"API request to (\S+) failed with exception (.*)", text)
+    # A timeout's text goes on after the cause: "... To increase the timeout, set ...".
+    request = re.match(r"API request to (\S+) failed with (?:timeout )?exception (.*)", text)
     if request:
-        cause = re.search(r"\(Caused by \w+\((.*)\)\)\s*$", request[2])
-        detail = cause[1].strip("'\"").rsplit("): ", 1)[-1] if cause else request[2]
+        cause = re.search(r"\(Caused by \w+\((.*)\)\)\.?(?: To increase the timeout.*)?\s*$",
+                          request[2])  # fmt: skip
+        # A connect timeout's cause starts with the connection's repr: "<HTTPConnection(...)>, "
+        detail = re.sub(r"^<[^>]*>, ", "", cause[1]) if cause else request[2]
+        detail = detail.strip("'\"").rsplit("): ", 1)[-1]
         text = f"{urlparse(request[1]).path}: {detail}"
     return text if len(text) <= 300 else f"{text[:140]} ... {text[-140:]}"
 
@@ -1042,3 +1359,13 @@ def _session_status(exitstatus: int) -> str:
 
 def _env_tags(session: dict) -> dict[str, str]:
     return {f"env.{k}": v for k, v in session["fingerprint"].items()}
+
+
+def mark_tags(session: dict) -> dict[str, str]:
+    """The tags of a session entry's mark (journal_index.MARK) on its runs: EXPERIMENTAL and
+    its reason ("" where none was given); none where it was never marked."""
+    found = journal_index.mark_of(session)
+    if found is None:
+        return {}
+    experimental = found["state"] == journal_index.EXPERIMENTAL
+    return {EXPERIMENTAL: str(experimental).lower(), EXPERIMENTAL_REASON: found["reason"]}

@@ -3,5 +3,10 @@
 - `report` (+ `templates/`): the HTML and Markdown report, from MLflow;
 - `compare`, `baseline`, `differences`, `changes`: sessions and releases side by side;
 - `table`: the verdict table at the end of a session; `diagnoses`: the saved diagnoses;
-- `atlas`: the autocast atlas as a table, and its changes across releases.
+- `atlas`: the autocast atlas as a table, and its changes across releases;
+- the upgrade gate: `kinds` (what kind a difference is), `nearest` (the baseline a release
+  without its own is gated against), `accepted` (the reviewed accepted-changes file),
+  `upgrade` (`amp-harness upgrade`: an upgrade's changes per class);
+- `history` (each claim's verdicts and key metrics over the sessions, per class) and `ranges`
+  (`compare --range`: what changed at which session); `sessions`: the journal's sessions.
 """

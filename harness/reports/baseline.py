@@ -9,6 +9,11 @@ Each verdict in it is what counts (harness.catalogue.verdicts): a test that fail
 may be held to. A session is complete when it ended, ran the whole scenario suite (nothing
 deselected, no module left out) and no test failed; anything else is saved only when asked
 (`--partial`), and the file says what it lacks.
+
+A session marked experimental (pytest's --amp-experimental, `amp-harness sessions mark`) is no
+part of the team's record: `baseline save` refuses it, naming it and how to unmark it, and `last`
+(`compare last`, the report's comparison) is the last session of record, the experimental ones
+after it passed over and said (`passed_over`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 
 from harness.catalogue import verdicts
 from harness.common.errors import HarnessError
-from harness.records import environments, shapes
+from harness.records import environments, journal_index, shapes
 from harness.records.journal import Journal, Session
 from harness.records.journal_index import Indexed, short_id
 from harness.records.record import DEPENDS_ON_HARDWARE, SCENARIO_DIGEST
@@ -53,15 +58,78 @@ def find_session(sessions: dict[str, Indexed], session_id: str, where: Path) -> 
     )
 
 
-def summarize(journal: Journal, session_id: str | None = None, ending: dict | None = None) -> dict:
-    """The verdicts and scalar metrics of one session (the last one by default). `ending`: the
-    end entry of a session still finishing (the plugin compares before it records its end)."""
+def experimental_text(session: dict) -> str:
+    """`experimental: REASON` of a session entry marked so (experimental_words)."""
+    return experimental_words((journal_index.mark_of(session) or {}).get("reason", ""))
+
+
+def experimental_words(reason: str) -> str:
+    """`experimental: REASON`, or `experimental, no reason given`, for a session marked so."""
+    return f"experimental: {reason}" if reason else "experimental, no reason given"
+
+
+def nothing_recorded(where: Path) -> HarnessError:
+    return HarnessError(f"{where}: no session recorded yet: run `amp-harness run` first")
+
+
+def last_of_record(sessions: dict[str, Indexed], where: Path) -> tuple[str, list[str]]:
+    """The id of the journal's last session not marked experimental, and the ids of the
+    experimental sessions after it (oldest first), which `last` passes over."""
+    if not sessions:
+        raise nothing_recorded(where)
+    passed: list[str] = []
+    for sid in reversed(sessions):
+        if not journal_index.is_experimental(sessions[sid].entry):
+            return sid, passed[::-1]
+        passed.append(sid)
+    raise HarnessError(
+        f"{where}: every session is marked experimental, {len(passed)} of them (the last: "
+        f"{_named(passed[0], sessions[passed[0]].entry)}): none is of the team's record. Mark "
+        "one of record with `amp-harness sessions mark ID record`, or name a session by its id"
+    )
+
+
+def passed_over(journal: Journal) -> str:
+    """What `last` passed over, in words: the experimental sessions after the journal's last
+    session of record; "" where there are none (or no session of record at all: `last` says)."""
+    sessions = journal.index()
+    try:
+        sid, passed = last_of_record(sessions, journal.path)
+    except HarnessError:
+        return ""
+    if not passed:
+        return ""
+    skipped = [f"{_named(p, sessions[p].entry)}, {experimental_text(sessions[p].entry)}"
+               for p in passed]  # fmt: skip
+    return (
+        f"`last` is session {_named(sid, sessions[sid].entry)}, the last of record: passed over "
+        f"{len(passed)} later session(s) marked experimental: {'; '.join(skipped)}"
+    )
+
+
+def _named(sid: str, session: dict) -> str:
+    return f"{short_id(sid)} ({session['name']})"
+
+
+def summarize(
+    journal: Journal,
+    session_id: str | None = None,
+    ending: dict | None = None,
+    saving: bool = False,
+) -> dict:
+    """The verdicts and scalar metrics of one session: by default the last of record, not
+    marked experimental (`last_of_record`). `ending`: the end entry of a session still finishing
+    (the plugin compares before it records its end). `saving` (`baseline save`): by default the
+    last session, whatever its mark, and an experimental one is refused, naming it and how to
+    unmark it."""
     sessions = journal.index()  # only the session summarized is read whole
     if not sessions:
-        raise HarnessError(f"{journal.path}: no session recorded yet: run `amp-harness run` first")
+        raise nothing_recorded(journal.path)
     if session_id is None:
-        session_id = list(sessions)[-1]
+        session_id = list(sessions)[-1] if saving else last_of_record(sessions, journal.path)[0]
     session_id = find_session(sessions, session_id, journal.path)
+    if saving and journal_index.is_experimental(sessions[session_id].entry):
+        raise _experimental_refused(sessions, session_id, journal.path)
     session = journal.load([sessions[session_id]])[session_id]
     if ending is not None:
         session.end = ending
@@ -103,6 +171,21 @@ def summarize(journal: Journal, session_id: str | None = None, ending: dict | No
             for r in session.records
         },
     }
+
+
+def _experimental_refused(sessions: dict[str, Indexed], sid: str, where: Path) -> HarnessError:
+    entry, short = sessions[sid].entry, short_id(sid)
+    try:
+        record = last_of_record(sessions, where)[0]
+        other = (f"; the last session of record is {_named(record, sessions[record].entry)}: "
+                 f"`amp-harness baseline save --session {short_id(record)}`")  # fmt: skip
+    except HarnessError:
+        other = ""
+    return HarnessError(
+        f"{where}: session {_named(sid, entry)} is marked {experimental_text(entry)}. Not saved "
+        "as a baseline: an experiment is no part of the team's record. If it is one after all, "
+        f"unmark it with `amp-harness sessions mark {short} record`, then save it again{other}"
+    )
 
 
 def lacks(session: Session) -> list[str]:

@@ -17,20 +17,23 @@ environments (harness.records.environments.causes), and whether the hardware exp
 verdict, a lost decision or a key metric is explained by the hardware only where the classes
 differ in a capability its tests depend on (Record.depends_on_hardware), or the test depends on
 the class as a whole (timing); a statistical metric wherever the classes differ, since the kernels
-of another instruction set round differently. An explained change is shown, never a regression:
-an AVX2 runner's missing bf16 LSTM is no torch regression.
+of another instruction set round differently. Then each change is sorted into its kind
+(harness.reports.kinds): explained by the hardware, predicted by a known change of the releases,
+gained, accepted (a reviewed entry of the accepted-changes file), or unexplained. Only the
+unexplained are regressions: an AVX2 runner's missing bf16 LSTM is no torch regression, and
+neither is FP8 saturation where torch 2.13 is known to have brought it.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import math
 import re
 import statistics
-import warnings
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from harness.catalogue import verdicts
@@ -40,13 +43,16 @@ from harness.records import environments, shapes
 from harness.records.journal import Journal
 from harness.records.journal_index import short_id
 from harness.records.record import SCENARIO_DIGEST, _jsonable
-from harness.reports import baseline, differences, table
+from harness.reports import baseline, differences, kinds, table
+from harness.reports.accepted import Entry
+from harness.reports.kinds import Attribution
 
 ALPHA = 0.05
 THRESHOLD = 0.10  # relative: 10% of the first run's mean
 _REPETITION = re.compile(r"^(seed|round|rank)\d+$")
 NOTHING_DIFFERS = "nothing in the environment differs: the harness or noise"
-EXPLAINED = "explained by the hardware"
+EXPLAINED = kinds.TITLE[kinds.HARDWARE]
+SKIPPED = "skipped"  # a verdict's label, and a test's outcome, where it could not run
 
 
 class MissingBaseline(HarnessError):
@@ -56,17 +62,9 @@ class MissingBaseline(HarnessError):
         self.path = path
         super().__init__(
             f"no baseline at {path}: nothing compared. After a session you trust, "
-            f"`amp-harness baseline save --out {path.parent}` writes one there, named after its "
-            "environment (`--session ID` picks another session than the last)."
+            f"`amp-harness baseline save --baselines {path.parent}` writes one there, named "
+            "after its environment (`--session ID` picks another session than the last)."
         )
-
-
-@dataclass(frozen=True)
-class Attribution:
-    """Why a change may have happened: whether the hardware explains it, and why, in words."""
-
-    explained: bool  # by the hardware: shown, never a regression
-    why: str
 
 
 def attribute(
@@ -79,8 +77,8 @@ def attribute(
     if reason and statistical:
         reason += ": the kernels of another instruction set round differently"
     if reason:
-        return Attribution(True, f"{EXPLAINED}: {reason}")
-    return Attribution(False, _unexplained(a, b, depends))
+        return Attribution(kinds.HARDWARE, f"{EXPLAINED}: {reason}")
+    return Attribution(kinds.UNEXPLAINED, _unexplained(a, b, depends))
 
 
 def _unexplained(a: Mapping[str, str], b: Mapping[str, str], depends: set[str]) -> str:
@@ -114,6 +112,10 @@ class _Attributed:
     def describe(self) -> str:
         return f"{self.what()} -- {self.attribution.why}"
 
+    def claims_changed(self) -> tuple[str, ...]:
+        claim = getattr(self, "claim", None)
+        return (claim,) if claim else getattr(self, "claims", ())
+
 
 @dataclass(frozen=True)
 class VerdictChange(_Attributed):
@@ -124,6 +126,7 @@ class VerdictChange(_Attributed):
     evidence_before: str
     evidence_after: str
     attribution: Attribution
+    stands: tuple[bool, bool] = (True, True)  # whether A's and B's verdict stand
 
     def what(self) -> str:
         return (
@@ -191,6 +194,7 @@ class Comparison:
     causes: dict[str, list[str]]  # environments.causes: what differs, per cause
     legacy: tuple[str, ...] = ()  # "A", "B": a fingerprint from before hardware classes
     scenarios_changed: tuple[str, ...] = ()  # tests whose scenario file differs between the runs
+    accepted_notes: tuple[str, ...] = ()  # accepted entries that expired or covered nothing
 
     @property
     def overlapped(self) -> bool:
@@ -209,15 +213,38 @@ class Comparison:
     @property
     def regressions(self) -> list[str]:
         """What --fail-on-regression fails on: every changed verdict, lost decision and flagged
-        metric the hardware does not explain.
+        metric of no other kind than unexplained (harness.reports.kinds).
 
         A change either way counts: the harness predicts behaviour, it does not rank it."""
-        return [c.describe() for c in self._counted() if not c.attribution.explained]
+        return self.of_kind(kinds.UNEXPLAINED)
 
     @property
     def explained(self) -> list[str]:
-        """The changes the hardware explains: shown, never failing."""
+        """The changes of every other kind: shown, never failing."""
         return [c.describe() for c in self._counted() if c.attribution.explained]
+
+    def changes_of(self, kind: str) -> list[VerdictChange | LostDecision | MetricChange]:
+        return [c for c in self._counted() if c.attribution.kind == kind]
+
+    def of_kind(self, kind: str) -> list[str]:
+        return [c.describe() for c in self.changes_of(kind)]
+
+    def kind_lines(self) -> list[str]:
+        """A line for each kind but the unexplained that has changes: how many, and of which
+        claims ("predicted by a known change of the release: 3 (PIT2-NORM-HALF, ...)")."""
+        lines = []
+        for kind in kinds.ORDER:
+            found = self.changes_of(kind)
+            if found and kind != kinds.UNEXPLAINED:
+                named = dict.fromkeys(claim for c in found for claim in c.claims_changed())
+                lines.append(f"{kinds.TITLE[kind]}: {len(found)} ({', '.join(named)})")
+        return lines
+
+    def counts(self) -> dict[str, int]:
+        """How many changes of each kind, in harness.reports.kinds.ORDER, those with none left
+        out but the unexplained."""
+        found = {kind: len(self.of_kind(kind)) for kind in kinds.ORDER}
+        return {k: n for k, n in found.items() if n or k == kinds.UNEXPLAINED}
 
     @property
     def fails_the_gate(self) -> bool:
@@ -251,12 +278,12 @@ class Comparison:
         if not self.regressions and not self.explained:
             return f"no verdict changed, no decision lost, no metric flagged ({counts} compared)"
         explained = ""
-        if self.explained:
-            count = len(self.explained)
-            explained = (
-                f"; {count} difference{'s' if count != 1 else ''} {EXPLAINED} "
-                f"({self.classes[0]} vs {self.classes[1]})"
-            )
+        for kind, count in self.counts().items():
+            if kind == kinds.UNEXPLAINED:
+                continue
+            explained += f"; {count} difference{'s' if count != 1 else ''} {kinds.TITLE[kind]}"
+            if kind == kinds.HARDWARE:
+                explained += f" ({self.classes[0]} vs {self.classes[1]})"
         return f"regressions: {len(self.regressions)}{explained} ({counts} compared)"
 
     def to_json(self) -> dict:
@@ -274,6 +301,8 @@ class Comparison:
             "compared": self.compared,
             "regressions": self.regressions,
             "explained": self.explained,
+            "kinds": {kind: self.of_kind(kind) for kind in kinds.ORDER},
+            "accepted_notes": list(self.accepted_notes),
             "verdict_changes": [asdict(v) for v in self.verdicts],
             "metric_changes": [
                 {
@@ -301,9 +330,12 @@ def compare(
     threshold: float = THRESHOLD,
     alpha: float = ALPHA,
     labels: tuple[str, str] | None = None,
+    accepted: Iterable[Entry] = (),
+    today: datetime.date | None = None,
 ) -> Comparison:
     """Compare run `b` with run `a` (both summaries, as harness.reports.baseline.summarize
-    makes)."""
+    makes), each change sorted into its kind with the `accepted` entries (harness.reports.kinds;
+    `today` decides which expired)."""
     facts_a, facts_b = a.get("fingerprint", {}), b.get("fingerprint", {})
 
     @functools.cache  # a suite's tests share a few sets of dependencies
@@ -314,7 +346,7 @@ def compare(
         """Why a change of `test` may have happened: its own code first, where it changed."""
         found = attributed(_depends(test, a, b), statistical)
         changed = _scenario_changed(test, a, b)
-        return Attribution(found.explained, f"{changed}; {found.why}") if changed else found
+        return Attribution(found.kind, f"{changed}; {found.why}") if changed else found
 
     verdicts_a, verdicts_b = _verdicts(a), _verdicts(b)
     verdicts = [
@@ -326,6 +358,7 @@ def compare(
             va["evidence"],
             vb["evidence"],
             of_test(test),
+            (va["stands"], vb["stands"]),
         )  # fmt: skip
         for (test, claim), va in verdicts_a.items()
         if (vb := verdicts_b.get((test, claim))) and vb["verdict"] != va["verdict"]
@@ -366,6 +399,8 @@ def compare(
     lost, not_compared = _lost_decisions(
         a, b, {v.claim for v in verdicts}, lambda claim: attributed(_claim_depends(claim, a, b))
     )
+    sorter = kinds.Sorter(facts_a, facts_b, accepted, today or datetime.date.today())
+    verdicts, lost, metrics = _sorted_out(sorter, a, b, verdicts, lost, metrics)
     a_label, b_label = labels or (a.get("name", "A"), b.get("name", "B"))
     return Comparison(
         a=a_label,
@@ -393,7 +428,64 @@ def compare(
             if environments.is_legacy(facts)
         ),
         scenarios_changed=tuple(t for t in a["tests"] if _scenario_changed(t, a, b)),
+        accepted_notes=tuple(sorter.notes()),
     )
+
+
+def _sorted_out(
+    sorter: kinds.Sorter,
+    a: dict,
+    b: dict,
+    verdicts: list[VerdictChange],
+    lost: list[LostDecision],
+    metrics: list[MetricChange],
+) -> tuple[list[VerdictChange], list[LostDecision], list[MetricChange]]:
+    """The changes that count, each with its kind (harness.reports.kinds). A change is predicted
+    only where B's test held its prediction for B's release: passed, or skipped where it cannot
+    run (never failed)."""
+
+    def outcome(run: dict, test: str) -> str:
+        return run["tests"].get(test, {}).get("outcome", "")
+
+    def verdict(v: VerdictChange) -> VerdictChange:
+        held = v.stands[1] or v.after == SKIPPED
+        gained = v.stands[1] and not v.stands[0]
+        skipped = v.stands[0] and v.after == SKIPPED
+        sorted_out = sorter.sort(
+            v.attribution, (v.claim,), test=v.test, held=held, gained=gained, skipped=skipped
+        )
+        return replace(v, attribution=sorted_out)
+
+    def decision(d: LostDecision) -> LostDecision:
+        skipped = d.after == SKIPPED
+        sorted_out = sorter.sort(
+            d.attribution, (d.claim,), held=skipped, gained=False, skipped=skipped
+        )
+        return replace(d, attribution=sorted_out)
+
+    def metric(m: MetricChange) -> MetricChange:
+        if not m.flagged:  # listed, never counted: nothing to sort out
+            return m
+        after = outcome(b, m.test)
+        gained = outcome(a, m.test) == SKIPPED and after == "passed"
+        sorted_out = sorter.sort(
+            m.attribution,
+            m.claims,
+            m.metric,
+            test=m.test,
+            held=after in ("passed", SKIPPED),
+            gained=gained,
+        )
+        return replace(m, attribution=sorted_out)
+
+    # The metrics first: a test whose every flagged change is an op its releases document
+    # otherwise has its verdicts' changes predicted by that too.
+    metrics = [*map(metric, metrics)]
+    flagged = [m for m in metrics if m.flagged]
+    sorter.documented_tests = {m.test for m in flagged if m.attribution.kind == kinds.PREDICTED} - {
+        m.test for m in flagged if not m.attribution.explained
+    }
+    return [*map(verdict, verdicts)], [*map(decision, lost)], metrics
 
 
 def _scenario_changed(test: str, a: dict, b: dict) -> str:
@@ -516,13 +608,16 @@ def _welch(xs: list[float], ys: list[float]) -> float:
         # No spread on either side (a count that is the same on every seed): the t statistic
         # is undefined, and any difference is beyond the noise.
         return 1.0 if xs[0] == ys[0] else 0.0
-    from scipy import stats  # here, not at the top: it takes a second, and few sessions compare
+    # scipy.special's t distribution, not scipy.stats.ttest_ind: the same p-value, and stats
+    # takes half a second to import (`amp-harness upgrade` answers in under a second). Here, not
+    # at the top: few sessions compare.
+    from scipy.special import stdtr
 
-    with warnings.catch_warnings():
-        # scipy warns of "catastrophic cancellation" for a constant sample; with spread on the
-        # other side Welch's test is well defined.
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return float(stats.ttest_ind(xs, ys, equal_var=False).pvalue)
+    var_x, var_y = statistics.variance(xs) / len(xs), statistics.variance(ys) / len(ys)
+    t = (statistics.fmean(xs) - statistics.fmean(ys)) / math.sqrt(var_x + var_y)
+    # Welch-Satterthwaite's degrees of freedom
+    df = (var_x + var_y) ** 2 / (var_x**2 / (len(xs) - 1) + var_y**2 / (len(ys) - 1))
+    return float(2 * stdtr(df, -abs(t)))
 
 
 def _size(relative: float) -> float:
@@ -645,8 +740,7 @@ def render(comparison: Comparison, console) -> None:
         explained = sum(v.attribution.explained for v in c.verdicts)
         _line(
             console,
-            f"verdicts changed: {len(c.verdicts)}"
-            + (f" ({explained} {EXPLAINED})" if explained else ""),
+            f"verdicts changed: {len(c.verdicts)}{_kinds_of(c.verdicts)}",
             "bold red" if explained < len(c.verdicts) else "bold yellow",
         )
         (_verdict_table if wide else _verdict_blocks)(c, console)
@@ -667,12 +761,23 @@ def render(comparison: Comparison, console) -> None:
             f"not compared (B ran part of the suite): {', '.join(c.not_compared)}",
             "yellow",
         )
+    for line in c.kind_lines():  # each kind apart, before the count of what fails
+        _line(console, line, "yellow")
+    for note in c.accepted_notes:
+        _line(console, f"accepted change: {note}", "yellow")
     for side, missing in (("A", c.only_a), ("B", c.only_b)):
         if missing:
             more = f", ... ({len(missing)} in all)" if len(missing) > 5 else ""
             _line(console, f"only in {side}: {', '.join(missing[:5])}{more}")
     style = "bold red" if c.regressions else "green" if c.overlapped else "yellow"
     _line(console, c.summary_line(), style)
+
+
+def _kinds_of(changes: list[VerdictChange]) -> str:
+    """ " (2 predicted, 1 gained)": how many of the changes are of each kind but unexplained."""
+    found = [v.attribution.kind for v in changes if v.attribution.explained]
+    counts = [f"{found.count(kind)} {kind}" for kind in kinds.ORDER if kind in found]
+    return f" ({', '.join(counts)})" if counts else ""
 
 
 def _verdict_table(c: Comparison, console) -> None:
@@ -776,7 +881,7 @@ def _why_cell(attribution: Attribution):
 def _flag(m: MetricChange) -> str:
     if not m.flagged:
         return ""
-    return "explained" if m.attribution.explained else "FLAGGED"
+    return m.attribution.kind if m.attribution.explained else "FLAGGED"
 
 
 def _change_cell(m: MetricChange):

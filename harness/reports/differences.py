@@ -157,15 +157,5 @@ def _hardware(differing: list[tuple[Values, set[str]]]) -> tuple[list[str], set[
 
 def known(claim: str, columns: list[Column]) -> list[str]:
     """The known changes of `claim` between the columns' torch releases, in words."""
-    found = []
-    for name, change in releases.CHANGES.items():
-        if claim not in change.claims:
-            continue
-        on_device = [c for c in columns if change.applies_to(c.device)]
-        sides = {releases.behaviour(name, c.device, c.torch) for c in on_device}
-        if len(sides) > 1:
-            found.append(
-                f"Known change in torch {change.first} on {change.where} (harness.lab.releases "
-                f"{name!r}): before, {change.before}; since, {change.current}."
-            )
-    return found
+    found = releases.between(claim, [(c.device, c.torch) for c in columns])
+    return [releases.in_words(name) for name, _change in found]

@@ -39,6 +39,11 @@ suite (`amp.left_out`: -k, a module not run) or ended on pytest's internal or us
 (`amp.exitstatus` 3 or 4), or lacking tests the tracking server never fully received
 (`amp-harness sync` sends them).
 
+A session marked experimental (its runs tagged `amp.experimental=true`: pytest's
+--amp-experimental, `amp-harness sessions mark`) is no part of the team's record: none of its runs
+is a column's latest, nor counts for the claims covered; its sessions are listed apart, with why,
+above the ledger and in summary.md, never left out silently.
+
 A comparison of two sessions, one session each, is harness.reports.compare's job, not the ledger's.
 
 Evidence, failure messages and skip reasons are capped per entry (harness.reports.table.cap): the
@@ -78,9 +83,11 @@ from harness.records.tracking import (
     DEFAULT_EXPERIMENT,
     END_REASON,
     EXIT_STATUS,
+    EXPERIMENTAL,
+    EXPERIMENTAL_REASON,
     LEFT_OUT,
 )
-from harness.reports import atlas, diagnoses, differences, table
+from harness.reports import atlas, baseline, diagnoses, differences, history, table
 from harness.reports.table import PER_CLAIM_AND_TEST, cap
 
 DEFAULT_NAME = "report"  # a fixed name, overwritten by the next build: a stable path to bookmark
@@ -102,6 +109,7 @@ COLOURS = {
     "failed": "#37474f",
     "capability-regression": "#b71c1c",
 }
+MIXED = "mixed"  # how a claim's verdict is drawn where its tests disagree: no colour of its own
 
 Comparison = str | Sequence[Mapping[str, object]] | None
 
@@ -138,6 +146,8 @@ class Session:
     facts: dict[str, str] = field(default_factory=dict, repr=False)  # all its env.* facts
     shown: int = 0  # how many of the column's tests come from it
     age: str = ""  # "3 h ago", when the report was built
+    experimental: str | None = None  # why it is marked experimental; None: of record
+    id: str = ""  # its amp.session_id
 
     @property
     def when(self) -> str:
@@ -228,11 +238,16 @@ def build(
         client, experiment_id = _open(tracking_uri, experiment)
         runs = tracking.search_runs(client, experiment_id)
         diagnosed = _diagnoses(client, ui)
+        # The test runs of every environment by claim, where the experiment holds that view.
+        held = client.get_experiment(experiment_id).tags
+        view = tracking.BY_CLAIM if tracking.VIEW_TAG + tracking.BY_CLAIM in held else None
+        runs_url = tracking.ui_url(ui, experiment_id, view=view)
 
     def link(run_id: str) -> str:
         return tracking.ui_url(ui, experiment_id, run_id)
 
     built = time.time()
+    runs, experimental = _apart(runs, link, built)  # the team's record, and the experiments
     environments = _environments(runs, link, built)
     uncovered, undecided = _uncovered(runs)
     ledger = [
@@ -243,6 +258,7 @@ def build(
         (claim.id for claim, _cells in ledger), _columns_compared(environments, ledger)
     )
     autocast_atlas = atlas.table(_atlas_columns(environments))
+    timeline = _history(runs, link)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     work.chmod(0o755)  # mkdtemp's 0o700 would hide the report from the people it is for
@@ -260,8 +276,12 @@ def build(
             "source": tracking.redact(tracking_uri),
             "experiment": experiment,
             "ui": ui,
+            "runs_url": runs_url,
+            "runs_view": view,
             "harness_version": harness.__version__,
             "environments": environments,
+            "experimental": experimental,
+            "experimental_words": baseline.experimental_words,
             "classes": _classes(environments),
             "hardware_note": HARDWARE_NOTE,
             "counts": counts,
@@ -270,6 +290,11 @@ def build(
             "differences": differ,
             "atlas": autocast_atlas,
             "atlas_cell": atlas.cell_text,
+            "history": timeline,
+            "history_rows": _history_rows(timeline),
+            "history_shown": history.SHOWN,
+            "trend_size": (history.WIDTH, history.HEIGHT),
+            "mixed": MIXED,
             "uncovered": uncovered,
             "undecided": undecided,
             "diagnoses": diagnosed,
@@ -423,6 +448,29 @@ def _environments(runs: list, link, now: float) -> list[Environment]:
     return columns
 
 
+def _apart(runs: list, link, now: float) -> tuple[list, list[tuple[str, Session]]]:
+    """The runs of the team's record, and the sessions marked experimental, kept apart from it:
+    (its environment's label, the session), newest first."""
+    sessions = _sessions(runs, link)
+    apart = sorted(
+        ((envs.label(facts), session) for facts, session in sessions if session.experimental
+         is not None), key=lambda found: found[1].started, reverse=True,
+    )  # fmt: skip
+    for _label, session in apart:
+        session.age = _age(now - session.started)
+    left_out = {session.id for _label, session in apart}
+    return [r for r in runs if r.data.tags.get("amp.session_id") not in left_out], apart
+
+
+def _experimental(parent, tests: list) -> str | None:
+    """Why the session of these runs is marked experimental ("" where no reason was given), as
+    its parent run says (its tests where MLflow has none); None where it is of record."""
+    for run in [parent] if parent else tests:
+        if run.data.tags.get(EXPERIMENTAL) == "true":
+            return run.data.tags.get(EXPERIMENTAL_REASON, "")
+    return None
+
+
 def _sessions(runs: list, link) -> list[tuple[dict[str, str], Session]]:
     """Every harness session in `runs`, with its env.* facts: its parent run's, or its tests'
     where MLflow has no parent run."""
@@ -455,6 +503,8 @@ def _sessions(runs: list, link) -> list[tuple[dict[str, str], Session]]:
                 incomplete=_incomplete(s["parent"], s["tests"]),
                 runs=s["tests"],
                 facts=s["env"],
+                experimental=_experimental(s["parent"], s["tests"]),
+                id=sid,
             ),
         )
         for sid, s in found.items()
@@ -474,9 +524,9 @@ def _column(facts: dict[str, str], label: str, group: list[Session]) -> Environm
     for session in reversed(since):  # oldest first: a later run replaces an earlier one
         for run in sorted(session.runs, key=lambda r: r.info.start_time):
             test = run.data.tags.get("amp.test", run.info.run_name)
-            if run.data.tags.get(COMPLETE) == "false":
-                continue  # partly logged: `amp-harness sync` logs it again
-            if run.data.tags.get("outcome") == "interrupted" and test in latest:
+            if _partly_logged(run):
+                continue  # `amp-harness sync` logs it again
+            if _interrupted(run) and test in latest:
                 continue  # Ctrl-C decided nothing: the earlier run stands
             latest[test] = (run, session)
     for _run, session in latest.values():
@@ -488,6 +538,84 @@ def _column(facts: dict[str, str], label: str, group: list[Session]) -> Environm
         tests=[run for _test, (run, _session) in sorted(latest.items())],
         session_of={run.info.run_id: session for run, session in latest.values()},
     )
+
+
+def _partly_logged(run) -> bool:
+    """A process killed while it logged the run: its metrics or files may be missing."""
+    return run.data.tags.get(COMPLETE) == "false"
+
+
+def _interrupted(run) -> bool:
+    """Ctrl-C ended the test: it decided nothing."""
+    return run.data.tags.get("outcome") == "interrupted"
+
+
+def _claims(run) -> list[str]:
+    return [claim for claim in run.data.tags.get("claims", "").split(",") if claim]
+
+
+def _history(runs: list, link) -> list[history.ClassHistory]:
+    """Per hardware class, what each session of record said of each claim it ran
+    (harness.reports.history), from the runs the ledger read: no query of its own.
+
+    A session of part of the suite (-k, killed part-way) says nothing of the tests it did not
+    run: where it ran some of a claim's tests, the claim's verdict takes the others' from the
+    class's sessions since its latest complete one, as a ledger column does, so that a `-k` run
+    of one test never reads as a change of a claim of several."""
+    by_class: dict[str, list[history.Point]] = defaultdict(list)
+    standing: dict[str, dict] = {}  # class -> test -> its latest run
+    for facts, session in sorted(_sessions(runs, link), key=lambda found: found[1].started):
+        ordered = sorted(session.runs, key=lambda r: r.info.start_time)
+        ran = {_test(r): r for r in ordered if not _partly_logged(r) and not _interrupted(r)}
+        if not ran:
+            continue  # it decided nothing: no point, and the class's standing is unchanged
+        name = envs.hardware_class(facts)
+        standing[name] = {**standing.get(name, {}), **ran} if session.incomplete else ran
+        by_class[name].append(_point(session, ran, standing[name]))
+    return history.build(by_class)
+
+
+def _point(session: Session, ran: dict, standing: dict) -> history.Point:
+    """What `session` said of each claim of the tests it `ran`: the claim's verdict across its
+    tests as they stand after it (`standing`), and the key metrics it measured."""
+    tests_of: dict[str, list] = defaultdict(list)
+    for run in standing.values():
+        for claim in _claims(run):
+            tests_of[claim].append(run)
+    metrics: dict[str, dict[str, float]] = defaultdict(dict)
+    for test, run in ran.items():
+        key = atlas.per_claim(test, record.key_metrics(run.data.params, run.data.metrics))
+        for claim in _claims(run):
+            metrics[claim].update({f"{test}: {name}": number for name, number in key.items()})
+    claims = dict.fromkeys(claim for run in ran.values() for claim in _claims(run))
+    said = {c: _drawn(verdicts.aggregate(_status(r, c) for r in tests_of[c])) for c in claims}
+    return history.Point(
+        session=session.id,
+        name=session.name,
+        when=session.when,
+        started=session.started,
+        torch=envs.fact(session.facts, "torch"),
+        url=session.url,
+        verdicts=said,
+        metrics=dict(metrics),
+    )
+
+
+def _drawn(verdict: verdicts.ClaimVerdict) -> tuple[str, str]:
+    """A claim's verdict as the history draws it: (its label, its COLOURS key, or MIXED)."""
+    kind = _kind(verdict)  # a ClaimVerdict has the stands, label and kind a Status has
+    return verdict.label, kind if kind in COLOURS else MIXED
+
+
+def _history_rows(timeline: list[history.ClassHistory]) -> list[tuple]:
+    """(claim, its track in each class: None where the class never ran it) for each claim of
+    the catalogue that some class has a history of, in the ledger's order."""
+    rows = []
+    for claim in catalogue().values():
+        tracks = [found.tracks.get(claim.id) for found in timeline]
+        if any(tracks):
+            rows.append((claim, tracks))
+    return rows
 
 
 def _atlas_columns(environments: list[Environment]) -> list[atlas.Column]:
@@ -794,7 +922,18 @@ def _markdown(context: dict) -> str:
             for s in env.sessions
         ]
     if not environments:
-        lines.append("No harness runs in this experiment yet.")
+        lines.append(
+            "No session of record in this experiment yet: only experimental ones (below)."
+            if context["experimental"]
+            else "No harness runs in this experiment yet."
+        )
+    if context["experimental"]:
+        lines += ["", "## Experimental sessions, kept out of the ledger", ""]
+        lines += [
+            f"- {_md(label)}: session of {s.when}, {s.age} (commit {_md(s.commit)}), "
+            f"{_plural(len(s.runs), 'test')}: {_md(baseline.experimental_words(s.experimental))}"
+            for label, s in context["experimental"]
+        ]
     lines += ["", "## Verdict ledger", ""]
     if environments:
         grouped = "; ".join(
@@ -829,6 +968,7 @@ def _markdown(context: dict) -> str:
         f"- **{cid}**: {_md(difference.summary())}"
         for cid, difference in context["differences"].items()
     ] or ["The environments agree on every claim they decided, key metrics included."]
+    lines += _history_markdown(context)
     lines += ["", "## Autocast atlas", "", *atlas.markdown(context["atlas"])]
     regressions = [
         f"- {_md(env.label)}: {_md(what)} (tests {_md(tests)}; claims {_md(claims)})"
@@ -869,6 +1009,44 @@ def _markdown(context: dict) -> str:
         lines += ["", "## Figures", ""]
         lines += [f"- [{_md(f.test or f.name)}: {f.name}]({f.file})" for f in figures]
     return "\n".join(lines) + "\n"
+
+
+def _history_markdown(context: dict) -> list[str]:
+    """The history's section of summary.md: a line per class, then per claim a line per class
+    that ran it. A list, not a table: a reader of summary.md finds a claim's ledger row by its
+    `| CLAIM |`, and the ledger's is the one table of claims."""
+    timeline = context["history"]
+    lines = [
+        "", "## History per hardware class", "",
+        "Per claim and class: its verdict in the latest session that ran it, since when it has "
+        "held (sessions marked experimental left out), and where it changed over the last "
+        f"{context['history_shown']} sessions of the class its verdicts in order and each key "
+        "metric that took more than one value, a block per session (`amp-harness compare "
+        "--range A..B`: what changed at which session).", "",
+    ]  # fmt: skip
+    if not timeline:
+        return [*lines, "No session of record yet."]
+    for found in timeline:
+        changed = ", ".join(found.changed())
+        lines.append(f"- **{_md(found.name)}**: {_md(found.words())}"
+                     + (f"; changed: {_md(changed)}" if changed else ""))  # fmt: skip
+    lines.append("")
+    for claim, tracks in context["history_rows"]:
+        lines.append(f"- **{claim.id}**")
+        lines += [
+            f"  - {_md(found.name)}: {_track_markdown(track)}"
+            for found, track in zip(timeline, tracks, strict=True)
+            if track is not None
+        ]
+    return lines
+
+
+def _track_markdown(track: history.Track) -> str:
+    parts = [f"**{_md(track.label)}** {_md(track.since_words())}"]
+    if len(track.stretches) > 1:
+        parts.append(_md(track.stretch_words()))
+    parts += [f"{_md(t.label)}: {t.blocks()} {_md(t.words())}" for t in track.trends]
+    return "; ".join(parts)
 
 
 def _machine_line(env: Environment) -> str:

@@ -262,7 +262,8 @@ class TestBytes:
 )
 def test_scenarios_that_keep_the_contract_pass(tmp_path, capsys, source):
     folder = scenarios(tmp_path, test_scn=source)
-    assert cli.main(["validate", "--scenarios", str(folder)]) == 0
+    # --baselines: this folder's (none), not the project's accepted changes
+    assert cli.main(["validate", "--scenarios", str(folder), "--baselines", str(folder)]) == 0
     assert (
         capsys.readouterr().out == f"validate: the 1 scenario files in {folder} keep the contract\n"
     )
@@ -511,7 +512,7 @@ def test_validate_reads_the_files_without_importing_them(tmp_path, monkeypatch):
 def test_each_breach_is_one_line_with_file_line_test_and_fix(tmp_path, capsys, old, new, expected):
     assert old in GOOD
     folder = scenarios(tmp_path, test_scn=GOOD.replace(old, new))
-    assert cli.main(["validate", "--scenarios", str(folder)]) == 1
+    assert cli.main(["validate", "--scenarios", str(folder), "--baselines", str(folder)]) == 1
     out, err = capsys.readouterr()
     (line,) = out.splitlines()
     assert line.startswith(f"{folder / 'test_scn.py'}{expected}"), line

@@ -120,6 +120,34 @@ def test_list_shows_the_claims_verdict_across_the_last_sessions_tests(ran, pytes
     assert rows["FMT-BYTES"]["last_tests"][0]["status"] == "failed (was: partly)"
 
 
+def test_list_passes_over_an_experimental_session(ran, pytester, capsys):
+    reports = str(pytester.path / "reports")
+    pytester.makepyfile(**{"scenarios/test_scn": EXPERIMENT})
+    pytester.runpytest_inprocess(
+        "scenarios", "--no-mlflow", "--amp-device=cpu", "-p", "no:cacheprovider",
+        f"--amp-reports={reports}", "--amp-experimental-reason", "an injected change",
+    ).assert_outcomes(passed=1)  # fmt: skip
+    capsys.readouterr()
+    assert cli.main(["list", "--json", "--reports", reports, "--scenarios", "nowhere"]) == 0
+    rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["FMT-BYTES"]["last_verdict"] == "failed (was: partly)"  # the session of record's
+    (sid,) = list(Journal(pytester.path / "reports" / "journal.jsonl").index())[-1:]
+    assert cli.main(["sessions", "--reports", reports, "mark", sid, "record"]) == 0
+    capsys.readouterr()
+    assert cli.main(["list", "--json", "--reports", reports, "--scenarios", "nowhere"]) == 0
+    rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["FMT-BYTES"]["last_verdict"] == "confirmed"  # of record again: the latest
+
+
+EXPERIMENT = """
+import pytest
+
+@pytest.mark.claim("FMT-BYTES")
+def test_injected(record):
+    record.verdict("FMT-BYTES", "confirmed", "2 bytes for 4 of 4 tensors")
+"""
+
+
 def test_a_failed_tests_verdict_never_enters_a_baseline_as_valid(ran, pytester):
     summary = baseline.summarize(Journal(pytester.path / "reports" / "journal.jsonl"))
     by_test = {v["test"].split("::")[-1]: v for v in summary["verdicts"]}

@@ -1,37 +1,75 @@
 """measure: interleaved timing, ratio intervals, and the pytest-benchmark hand-off. On the CPU
-with a wall clock; the same code times CUDA with events."""
+with a wall clock, here a simulated one (Machine); the same code times CUDA with events."""
 
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Callable
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from harness.lab import measure
 
 
-def sleeper(seconds: float):
-    return lambda: time.sleep(seconds)
+class Machine:
+    """A clock that advances by what each arm costs times the machine's load at that call: time
+    measured without a wall clock, whose seconds on a shared runner are anyone's (two sleeps of
+    4 and 2 ms came out 0.77 to 1 on a loaded one). measure's CPU path reads it as perf_counter."""
+
+    def __init__(self, load: Callable[[int], float] = lambda call: 1.0):
+        self.now, self.calls, self.load = 0.0, 0, load
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def arm(self, cost: float) -> Callable[[], None]:
+        def call() -> None:
+            self.now += cost * self.load(self.calls)
+            self.calls += 1
+
+        return call
 
 
-def test_a_two_to_one_ratio_is_measured_and_decided():
-    # Sleeps: their ratio survives a loaded machine, unlike a CPU-bound workload's.
+@pytest.fixture
+def machine(monkeypatch) -> Callable[..., Machine]:
+    """Machine(load) -> a Machine whose clock measure reads."""
+
+    def make(load: Callable[[int], float] = lambda call: 1.0) -> Machine:
+        made = Machine(load)
+        monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=made.perf_counter))
+        return made
+
+    return make
+
+
+def test_a_two_to_one_ratio_is_measured_and_decided(machine):
+    # A machine whose load grows fivefold over the comparison: measured arm after arm, the
+    # slow arm's 15 rounds would fall in the quiet half and come out no slower than the fast
+    # one's; interleaved, each round's two calls see the same load.
+    clock = machine(load=lambda call: 1 + call / 8)
     comparison = measure.compare(
-        {"slow": sleeper(0.004), "fast": sleeper(0.002)}, "cpu", rounds=15, warmup=1
+        {"slow": clock.arm(0.004), "fast": clock.arm(0.002)}, "cpu", rounds=15, warmup=1
     )
     ratio = comparison.ratio("slow", "fast")
-    assert 1.5 < ratio.value < 2.5
+    assert 1.5 < ratio.value < 2.5, comparison.times
     assert ratio.low <= ratio.value <= ratio.high
     assert ratio.decide(1.1) == "above" and ratio.decide(10.0) == "below"
 
 
-def test_equal_arms_claim_no_gain_either_way():
-    # An A/A comparison on a shared machine: its interval may exclude 1.0 by a fraction of a
-    # percent (seen in CI: two 2 ms sleeps, "above" 1.0), which is why every speed verdict is
-    # decided against a threshold and an A/A control (harness.lab.speedups), never against 1.0.
-    comparison = measure.compare({"a": sleeper(0.002), "b": sleeper(0.002)}, "cpu", rounds=15)
+def test_equal_arms_claim_no_gain_either_way(machine):
+    # An A/A comparison on a shared machine that grows busier (threefold over the comparison),
+    # with a neighbour's bursts making about one call in five three to six times slower: arm
+    # after arm, the second would come out 1.4 times slower. Its interval may still exclude 1.0
+    # by a fraction of a percent (seen in CI: two 2 ms sleeps, "above" 1.0), which is why every
+    # speed verdict is decided against a threshold and an A/A control (harness.lab.speedups),
+    # never against 1.0.
+    rng = np.random.default_rng(0)
+    bursts = np.where(rng.random(64) < 0.2, rng.uniform(3, 6, 64), 1.0)
+    clock = machine(load=lambda call: (1 + call / 16) * bursts[call])
+    comparison = measure.compare({"a": clock.arm(0.002), "b": clock.arm(0.002)}, "cpu", rounds=15)
     ratio = comparison.ratio("a", "b")
     assert ratio.decide(1.05) != "above" and ratio.decide(1 / 1.05) != "below", ratio.describe()
 

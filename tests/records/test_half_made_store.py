@@ -122,5 +122,5 @@ def test_the_report_on_a_half_made_store_says_it_set_it_aside(tmp_path):
     )  # fmt: skip
     assert "Traceback" not in made.stderr, made.stderr
     assert f"MLflow: the store {tmp_path / 'mlflow.db'} was half-made" in made.stderr, made.stderr
-    assert "`amp-harness sync` fills it from the journal" in made.stderr
+    assert f"`amp-harness sync --reports {tmp_path}` fills it from the journal" in made.stderr
     assert len(set_aside_files(tmp_path)) == 1

@@ -19,6 +19,14 @@ import pytest
 import harness.records.record
 from harness.common.errors import HarnessError
 from harness.records.journal import Journal
+from harness.records.journal_index import (
+    EXPERIMENTAL,
+    MARK,
+    RECORD,
+    is_experimental,
+    mark_entry,
+    mark_of,
+)
 from harness.records.record import Record, Verdict
 from harness.reports import baseline
 
@@ -691,3 +699,75 @@ def test_a_journal_whose_folder_is_gone_is_an_error_naming_it_when_not_kept(tmp_
                        r"No such file or directory\. Fix: make .*gone writable"):  # fmt: skip
         journal.append(session_entry("s"))
     assert not journal.path.parent.exists()
+
+
+# --- issue 50, item 4: a session marked experimental, after the fact ---
+
+
+def test_a_mark_is_an_entry_of_its_own_folded_into_its_session_the_last_standing(tmp_path):
+    """The journal is never edited: each mark is appended (and fsync'ed, as every entry), and
+    the index folds the last one into its session's entry, as a reading from scratch does."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    write_session(journal, tmp_path, "s1")
+    write_session(journal, tmp_path, "s2")
+    assert not any(map(is_experimental, (s.entry for s in journal.index().values())))  # kept
+    before = journal.path.read_bytes()
+    journal.append(mark_entry("s1", EXPERIMENTAL, "trying bf16", 1.0))
+    assert journal.path.read_bytes().startswith(before)
+    index = journal.index()  # the index kept before the mark, and the line appended since
+    assert index["s1"].entry[MARK] == {"state": EXPERIMENTAL, "reason": "trying bf16",
+                                       "marked": 1.0}  # fmt: skip
+    assert is_experimental(index["s1"].entry) and not is_experimental(index["s2"].entry)
+    assert len(journal.load([index["s1"]])["s1"].records) == 2 and index["s1"].end is not None
+    journal.append(mark_entry("s1", RECORD, "it was fine", 2.0))
+    assert mark_of(journal.sessions()["s1"].entry) == {"state": RECORD, "reason": "it was fine",
+                                                      "marked": 2.0}  # fmt: skip
+    entry, _end, _records = fresh_reading(journal)["s1"]
+    assert mark_of(entry)["state"] == RECORD
+
+
+def test_a_mark_read_before_its_session_entry_stays_with_it(tmp_path):
+    """A journal re-created mid-session (its entry written again after its records): the mark
+    appended in between is the session's still."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    journal.append(record_entry(tmp_path, "s", 1))
+    journal.append(mark_entry("s", EXPERIMENTAL, "", 1.0))
+    journal.append(session_entry("s"))
+    assert is_experimental(journal.sessions()["s"].entry)
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"state": "retracted"}, "ignored what this version of amp-harness does not know "
+                                 "(written by a newer one? upgrade to read it): session_mark "
+                                 "state 'retracted' (lines 5)"),
+        ({"session_id": "gone"}, "left out 1 session ends or marks of sessions whose session "
+                                 "entry is missing or unusable (lines 5)"),
+        ({"marked": "yesterday"}, 'journal.jsonl:5: skipped a journal entry it cannot use: '
+                                  'session_mark entry: field "marked" is text'),
+    ],
+    ids=["state", "session", "field"],
+)  # fmt: skip
+def test_a_mark_a_reader_cannot_use_is_said_and_marks_nothing(tmp_path, change, said):
+    journal = Journal(tmp_path / "journal.jsonl")
+    write_session(journal, tmp_path, "s1")
+    journal.append({**mark_entry("s1", EXPERIMENTAL, "", 1.0), **change})
+    with pytest.warns(UserWarning) as caught:
+        (session,) = journal.index().values()
+    assert any(said in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert not is_experimental(session.entry)
+
+
+def test_an_index_kept_before_marks_existed_is_read_again(tmp_path):
+    """An index of format 2 took a mark for an entry type it did not know: a reading of this
+    version reads the journal again, and finds the mark."""
+    journal = Journal(tmp_path / "journal.jsonl")
+    write_session(journal, tmp_path, "s1")
+    journal.append(mark_entry("s1", EXPERIMENTAL, "", 1.0))
+    journal.index()
+    kept = journal.path.with_name(".journal.jsonl.index")
+    index = json.loads(kept.read_text())
+    del index["sessions"]["s1"]["entry"][MARK]
+    kept.write_text(json.dumps({**index, "format": 2}))
+    assert is_experimental(journal.index()["s1"].entry)

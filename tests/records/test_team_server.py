@@ -12,6 +12,8 @@ from contextlib import closing
 import pytest
 from servers import MlflowServer, PostgresServer, free_port, postgres_missing
 
+from harness.records.tracking import BY_CLAIM, UI_VIEW, VIEW_TAG
+
 SCENARIO = """
 import pytest
 
@@ -79,10 +81,15 @@ def test_a_session_logs_to_the_team_server_over_http(pytester, team_server, monk
         f"--amp-reports={pytester.path / 'reports'}", f"--tracking-uri={team_server.uri}",
     )  # fmt: skip
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines([f"MLflow: {team_server.uri} (experiment 'amp-harness')*"])
+    # Browsed at the server itself: `amp-harness ui` serves the embedded store only.
+    # Its test runs by claim, in the view the session saved in the experiment (tracking.views).
+    result.stdout.fnmatch_lines([f"MLflow: {team_server.uri} (experiment 'amp-harness'); browse "
+                                 f"at {team_server.uri}/#/experiments/*/runs[?]{UI_VIEW}"
+                                 f"&viewStateShareKey={BY_CLAIM}"])  # fmt: skip
 
     found = rest(team_server.uri, "experiments/get-by-name?experiment_name=amp-harness")
     experiment_id = found["experiment"]["experiment_id"]
+    assert VIEW_TAG + BY_CLAIM in {t["key"] for t in found["experiment"]["tags"]}
     runs = rest(team_server.uri, "runs/search", {"experiment_ids": [experiment_id]})["runs"]
     tags = {
         run["info"]["run_id"]: {t["key"]: t["value"] for t in run["data"]["tags"]} for run in runs

@@ -15,7 +15,7 @@ from harness import cli
 from harness.catalogue import verdicts
 from harness.common.errors import HarnessError
 from harness.records.journal import Journal, Session
-from harness.reports import baseline, compare
+from harness.reports import baseline, compare, kinds
 
 TEST = "scenarios/test_scn.py::test_bytes"
 ACCURACY = {"mlp/amp-fp16/seed0/val_accuracy": 90.0, "mlp/amp-fp16/seed1/val_accuracy": 92.0,
@@ -65,7 +65,7 @@ def test_a_changed_verdict_is_a_regression_with_its_evidence():
     assert result.regressions == [
         f"FMT-BYTES ({TEST}): verdict refuted -> confirmed: fp16 2 bytes{SAME_ENVIRONMENT}"
     ]
-    assert change.attribution == compare.Attribution(False, compare.NOTHING_DIFFERS)
+    assert change.attribution == compare.Attribution(kinds.UNEXPLAINED, compare.NOTHING_DIFFERS)
 
 
 def test_seed_repetitions_shifted_by_half_are_flagged_naming_claim_and_metric():
@@ -147,7 +147,7 @@ def test_a_missing_baseline_names_the_file_and_how_to_make_one(tmp_path):
     with pytest.raises(compare.MissingBaseline) as missing:
         compare.read_baseline(path)
     assert str(path) in str(missing.value)
-    assert f"amp-harness baseline save --out {path.parent}" in str(missing.value)
+    assert f"amp-harness baseline save --baselines {path.parent}" in str(missing.value)
 
 
 @pytest.mark.parametrize(
@@ -422,7 +422,7 @@ def test_a_decision_missing_now_is_a_regression_unless_the_run_was_partial():
     result = compare.compare(
         with_verdict("confirmed", True), with_verdict("skipped", False, renamed)
     )
-    same = compare.Attribution(False, compare.NOTHING_DIFFERS)
+    same = compare.Attribution(kinds.UNEXPLAINED, compare.NOTHING_DIFFERS)
     assert result.lost == [
         compare.LostDecision("FMT-BYTES", "confirmed", "skipped", "65536 -> 32768", same)
     ]

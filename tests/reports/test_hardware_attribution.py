@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from harness import cli
-from harness.reports import baseline, changes, compare, differences
+from harness.reports import baseline, changes, compare, differences, kinds
 
 TEST = "scenarios/test_autocast_atlas.py::test_the_documented_autocast_lists_hold[bfloat16]"
 TIMING = "scenarios/test_speed.py::test_amp_is_faster"
@@ -100,7 +100,7 @@ def test_a_verdict_that_follows_a_capability_the_classes_differ_in_is_explained(
     assert document["across_hardware"] is True
     assert document["hardware_classes"] == ["cpu-x86-64-avx512-bf16", "cpu-x86-64-avx2"]
     assert document["regressions"] == [] and len(document["explained"]) == 1
-    assert document["verdict_changes"][0]["attribution"]["explained"] is True
+    assert document["verdict_changes"][0]["attribution"]["kind"] == kinds.HARDWARE
 
 
 def test_the_same_change_on_one_class_is_a_regression_of_the_torch_release():
@@ -207,7 +207,7 @@ def test_a_timing_tests_key_metric_across_classes_is_explained_by_the_class():
 def test_a_statistical_metric_across_classes_is_explained_whatever_the_test_depends_on():
     change = metric(SEEDS, {"_facts": EPYC, **SLOWER})
     assert change.attribution == compare.Attribution(
-        True,
+        kinds.HARDWARE,
         f"explained by the hardware: measured on another hardware class ({CLASSES}): the "
         "kernels of another instruction set round differently",
     )
@@ -242,7 +242,7 @@ def test_the_reports_comparison_rows_carry_the_attribution(monkeypatch, tmp_path
     monkeypatch.setattr(compare, "load", lambda spec, journal: ("session x", last))
     base = summary(XEON, **SEEDS)
     monkeypatch.setattr(compare, "read_baseline", lambda given: base)
-    rows = cli._baseline_comparison(tmp_path, str(path))
+    rows = cli._baseline_comparison(tmp_path, str(path), tmp_path)
     assert [row["change"] for row in rows] == [
         "hardware",
         "verdict, explained by the hardware",
@@ -252,7 +252,7 @@ def test_the_reports_comparison_rows_carry_the_attribution(monkeypatch, tmp_path
     assert "bf16_rnn: yes vs no" in rows[1]["why"]
     # Negative control: on one class both are regressions, listed first as such.
     monkeypatch.setattr(compare, "load", lambda spec, journal: ("x", {**last, "fingerprint": XEON}))
-    rows = cli._baseline_comparison(tmp_path, str(path))
+    rows = cli._baseline_comparison(tmp_path, str(path), tmp_path)
     assert [row["change"] for row in rows] == ["verdict", "metric, flagged"]
 
 

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -77,9 +76,9 @@ def test_report_in_a_read_only_reports_folder_is_one_line(reports):
 def test_baseline_save_to_a_read_only_folder_is_one_line(reports):
     out = reports / "baselines"
     done = read_only(reports, "baseline", "save", "--partial", "--reports", str(reports),
-                     "--out", str(out))  # fmt: skip
+                     "--baselines", str(out))  # fmt: skip
     line = one_line(done)
-    assert f"{out}" in line and "Read-only file system" in line and "--out" in line, line
+    assert f"{out}" in line and "Read-only file system" in line and "--baselines" in line, line
 
 
 @pytest.mark.slow
@@ -88,9 +87,10 @@ def test_sync_in_a_read_only_reports_folder_says_it_is_read_only(reports, store)
     if store == "absent":  # only a journal: MLflow would try to make the store, for minutes
         (reports / "mlflow.db").unlink()
         shutil.rmtree(reports / "mlartifacts")
-    started = time.monotonic()
+    # Said before MLflow is asked anything: the line below is the harness's, not what MLflow
+    # says after minutes of trying (read_only's timeout, 120 s, fails that, and never a loaded
+    # runner's slow start: a bound of 60 s on the seconds was this test's once).
     line = one_line(read_only(reports, "sync", "--reports", str(reports)))
-    assert time.monotonic() - started < 60
     assert "once MLflow is reachable" not in line, line
     assert f"{reports} is read-only. Fix: make it writable" in line, line
     assert "then run `amp-harness sync" in line, line
