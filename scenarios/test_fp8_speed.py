@@ -17,7 +17,8 @@ such a GEMM costs in a model.
 
 The prediction: with its quantisation counted, FP8 is slower than bf16 at the smallest shape (the
 interval of the speed-up lies below 1x), and its kernel alone reaches LARGE_SHARE of the
-datasheet's FP8-over-bf16 peak ratio at the largest (2x on every FP8 GPU in harness/lab/gpus.json).
+datasheet's FP8-over-bf16 peak ratio at the largest (2x on every FP8 GPU in
+harness/lab/machine/gpus.json).
 Each decision rests on its shape's A/A control (harness.lab.speedups.control_state): where the
 control tells the identical arms apart, the test fails; where it is too wide, the verdict is
 inconclusive. The crossover, the smallest shape from which FP8 with its quantisation is faster,

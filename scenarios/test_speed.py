@@ -8,9 +8,9 @@ is decided at, the verdicts resting on that comparison are inconclusive and its 
 not asserted (harness.lab.speedups.control_state).
 - FMT-SPEED: matmul throughput (8192 x 8192 x 8192, random inputs) in fp32, tf32, fp16, bf16 and,
   where the GPU and torch have it, fp8 (torch._scaled_mm): achieved TFLOP/s, the fraction of
-  the datasheet peak (harness.lab.gpus), and the two ratios the article's "about 2-8x" can mean,
-  fp16 over strict fp32 (~15x at peak on A100/H100/H200; the one the article means) and over
-  TF32 (2x at peak), each held against 2-8x with its edges widened by 25% (1.6-10x:
+  the datasheet peak (harness.lab.machine.gpus), and the two ratios the article's "about 2-8x"
+  can mean, fp16 over strict fp32 (~15x at peak on A100/H100/H200; the one the article means)
+  and over TF32 (2x at peak), each held against 2-8x with its edges widened by 25% (1.6-10x:
   `verdict_fmt_speed`). A/A control: the fp16 matmul timed twice (the shortest arm, the noisiest
   relative to its time). Negative control: an elementwise add is bound by memory, so fp16 speeds
   it up by moving half the bytes: <= 2x.

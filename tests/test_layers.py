@@ -2,7 +2,7 @@
 
 Each layer imports only the layers below it: common at the bottom, catalogue and lab beside each
 other above it (neither imports the other), records above both, reports above records, and the
-two faces (`harness/cli.py`, `harness/plugin.py`) on top. Inside a layer modules may import each
+two faces (`harness/cli/`, `harness/plugin/`) on top. Inside a layer modules may import each
 other, but no module imports itself back through others: there is no circle anywhere. Every
 import counts, a function's own included: a late import is still an arrow.
 """

@@ -8,6 +8,7 @@ import pytest
 TWO_TESTS = """
 from harness.lab import devices
 from harness.lab.devices import Probe
+from harness.lab.machine import capabilities
 {fixture}
 
 def faked(_device):
@@ -15,7 +16,7 @@ def faked(_device):
 
 
 def test_a_probes_under_a_patch(monkeypatch):
-    monkeypatch.setattr(devices, "PROBES", dict.fromkeys(devices.PROBES, faked))
+    monkeypatch.setattr(capabilities, "PROBES", dict.fromkeys(devices.PROBES, faked))
     monkeypatch.setitem(devices.DEFERRED_PROBES, "fused_optimizers", faked)
     devices.probe.cache_clear()
     cpu = devices.probe("cpu")

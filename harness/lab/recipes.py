@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from harness.common.errors import HarnessError, closest
-from harness.lab.devices import DeviceInfo
+from harness.lab.machine.device import DeviceInfo
 from harness.lab.tf32 import restore_tf32, set_tf32, tf32_settings
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.lab import recipes, tf32
-from harness.lab.devices import DeviceInfo
+from harness.lab.machine.device import DeviceInfo
 from harness.lab.measure import Comparison, Ratio
 
 # Arm -> recipe. "fp32-again" is the negative control: the fp32 recipe a second time.

@@ -3,8 +3,9 @@ them): plain strings, no torch, for the readers of MLflow and of baselines (the 
 `amp-harness baseline changes`). A fact a fingerprint lacks reads "n/a".
 
 Behaviour has three causes: the torch release, the libraries under it, and the hardware, which
-counts through its class (harness.lab.hardware: `cpu-x86-64-avx2`, `NVIDIA-H200`). `causes`
-names which of them differ between two environments, so that a difference can be attributed.
+counts through its class (harness.lab.machine.cpu and .gpu: `cpu-x86-64-avx2`, `NVIDIA-H200`).
+`causes` names which of them differ between two environments, so that a difference can be
+attributed.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 
 import harness
-from harness.lab import devices, hardware
-from harness.lab.devices import DeviceInfo
+from harness.lab.machine import cpu, gpu
+from harness.lab.machine.device import DeviceInfo
+from harness.lab.machine.probes import installed_version
 from harness.lab.tf32 import tf32_flags
 from harness.records import torch_state
 
@@ -69,8 +70,8 @@ def precision_flags() -> dict[str, str]:
 
 def collect(device: DeviceInfo, root: Path, watched: tuple[Path, ...] = ()) -> dict[str, str]:
     """Flat string facts, logged as `env.<key>` tags: the software, the hardware that decides
-    behaviour (harness.lab.hardware: the CPU and the kernel levels in force, the GPU), the
-    hardware class, and what each capability probe saw (`capability.<name>`: yes or no).
+    behaviour (harness.lab.machine.cpu and .gpu: the CPU and the kernel levels in force, the
+    GPU), the hardware class, and what each capability probe saw (`capability.<name>`: yes or no).
     `watched`: where an untracked file makes the commit dirty (_git_commit)."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     nccl = ""
@@ -93,17 +94,17 @@ def collect(device: DeviceInfo, root: Path, watched: tuple[Path, ...] = ()) -> d
         "torch": torch.__version__,
         # torchao's float8 API moves between its releases (0.18 removed delayed scaling): the
         # FP8 claims it decides hold for this pair, so it is pinned beside torch.
-        "torchao": devices.installed_version("torchao"),
+        "torchao": installed_version("torchao"),
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
         "cpu": platform.processor() or platform.machine(),
         "harness": harness.__version__,
         "git_commit": _git_commit(root, watched),
     }
-    facts.update(hardware.cpu_facts())
+    facts.update(cpu.cpu_facts())
     if device.type == "cuda":
-        facts.update(hardware.gpu_facts())
-        facts["hardware_class"] = hardware.gpu_class(device.name, facts)
+        facts.update(gpu.gpu_facts())
+        facts["hardware_class"] = gpu.gpu_class(device.name, facts)
     else:
         facts["hardware_class"] = facts["cpu.class"]
     facts.update(

@@ -9,7 +9,7 @@ of baselines, the first there is of:
    the nearest earlier release (an upgrade is gated against the release it upgrades from), then
    the nearest later one;
 3. the same, on the nearest class of its device type: CPU classes of one architecture by their
-   kernel levels (harness.lab.levels), GPUs of the same compute capability first.
+   kernel levels (harness.lab.machine.levels), GPUs of the same compute capability first.
 
 Every choice but the first says why. Files are told apart by their names (`baseline save`'s:
 `<class>_torch-<version>[_cuda-<version>].json`) and only the one chosen is read; a file saved
@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.lab.levels import level_rank
+from harness.lab.machine.levels import level_rank
 from harness.lab.releases import version_key
 from harness.records import environments
 from harness.reports import compare

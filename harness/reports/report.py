@@ -113,7 +113,7 @@ MIXED = "mixed"  # how a claim's verdict is drawn where its tests disagree: no c
 
 Comparison = str | Sequence[Mapping[str, object]] | None
 
-# The facts a column's header shows where its sessions recorded them (harness.lab.hardware):
+# The facts a column's header shows where its sessions recorded them (harness.lab.machine):
 # what decides the kernels (instruction sets, oneDNN's in force, what held it there, the
 # libraries) and what describes the machine.
 MACHINE_FACTS = {

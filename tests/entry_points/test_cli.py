@@ -234,7 +234,7 @@ def fake_ui(monkeypatch) -> list[tuple[list[str], dict]]:
         def wait(self, timeout=None):
             return 0
 
-    monkeypatch.setattr(cli.subprocess, "Popen", Exited)
+    monkeypatch.setattr(cli.store.subprocess, "Popen", Exited)
     return started
 
 
@@ -461,7 +461,7 @@ def test_list_in_a_log_prints_blocks_that_fit_its_width_and_keep_every_word(widt
                "source": "\x1b[2J\tcaf\u00e9", "shown_tests": ["a", "b"],
                "shown_verdict": "refuted"}  # fmt: skip
     rows.append(hostile)
-    drawn = cli._claim_blocks("the title", rows, width, encoding)
+    drawn = cli.listing._claim_blocks("the title", rows, width, encoding)
     drawn.encode(encoding)  # it shows on such a terminal as it is
     assert "\x1b" not in drawn  # data (`\\x1b[2J`, kept), never terminal control
     assert drawn.endswith("\n")  # what a script prints next starts on a line of its own
@@ -489,7 +489,8 @@ def test_runs_hints_name_the_folder_and_the_store_the_session_used(tmp_path, mon
     run_a = tmp_path / "runA"  # pytest's --amp-reports, passed on by `run`, wins over --reports
 
     def hints(*pytest_args: str) -> str:
-        return "\n".join(cli._next_steps(cli._session_options("reports", list(pytest_args))))
+        session = cli.run._session_options("reports", list(pytest_args))
+        return "\n".join(cli.run._next_steps(session))
 
     embedded = hints("--amp-reports", str(run_a))
     assert f"`amp-harness list --reports {run_a}`" in embedded

@@ -19,8 +19,12 @@ import pytest
 import torch
 from conftest import REPO, Toy
 
-from harness.lab import devices, hardware, releases
+from harness.lab import devices, releases
 from harness.lab.devices import DeviceInfo, Probe
+from harness.lab.machine import capabilities, levels, probes
+from harness.lab.machine import cpu as machine_cpu
+from harness.lab.machine import gpu as machine_gpu
+from harness.lab.machine.gpus import GpuFigures
 
 
 @pytest.fixture
@@ -165,13 +169,13 @@ def test_a_gpu_the_driver_lists_but_torch_cannot_use_is_a_regression(
     a CPU machine. Without the driver's GPU, the same tests skip (the control)."""
     gpus = tmp_path / "gpus"
     (gpus / "0000:00:04.0").mkdir(parents=True)
-    monkeypatch.setattr(devices, "NVIDIA_DRIVER_GPUS", gpus)
+    monkeypatch.setattr(machine_gpu, "NVIDIA_DRIVER_GPUS", gpus)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     result = run_scenario("test_speed.py")
     result.assert_outcomes(errors=2)
     result.stdout.fnmatch_lines(["*capability regression: CUDA: the NVIDIA driver lists 1 GPU*"])
 
-    monkeypatch.setattr(devices, "NVIDIA_DRIVER_GPUS", tmp_path / "no-driver")
+    monkeypatch.setattr(machine_gpu, "NVIDIA_DRIVER_GPUS", tmp_path / "no-driver")
     run_scenario("test_speed.py").assert_outcomes(skipped=2)
 
 
@@ -233,9 +237,9 @@ def test_tf32_is_never_expected_of_the_cpu():
 
 
 def test_a_probe_that_warns_or_raises_says_what_it_saw():
-    warned = devices._run_probe(lambda: torch.autocast("cpu", dtype=torch.float32))
+    warned = probes.run_probe(lambda: torch.autocast("cpu", dtype=torch.float32))
     assert not warned.works and "warned" in warned.saw and not warned.raised
-    raised = devices._run_probe(lambda: 1 / 0)
+    raised = probes.run_probe(lambda: 1 / 0)
     assert not raised.works and raised.raised and "ZeroDivisionError" in raised.error
 
 
@@ -280,10 +284,10 @@ def test_bf16_support_is_asked_for_native_hardware(monkeypatch):
         return including_emulation  # a pre-Ampere GPU: bf16 only emulated
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
-    assert devices.native_bf16() is False and asked == [False]
+    assert machine_gpu.native_bf16() is False and asked == [False]
     # torch 2.4's has no argument, and answers native support only.
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    assert devices.native_bf16() is True
+    assert machine_gpu.native_bf16() is True
 
 
 def _fake_gpu(monkeypatch, props, bf16_native: bool) -> DeviceInfo:
@@ -298,9 +302,9 @@ def _fake_gpu(monkeypatch, props, bf16_native: bool) -> DeviceInfo:
         lambda including_emulation=True: including_emulation or bf16_native,
     )
     monkeypatch.setattr(
-        devices, "PROBES", dict.fromkeys(devices.PROBES, lambda _d: Probe(True, "ran"))
+        capabilities, "PROBES", dict.fromkeys(devices.PROBES, lambda _d: Probe(True, "ran"))
     )
-    monkeypatch.setattr(devices, "_nvml_max_power_w", lambda uuid: 700.0 if uuid else None)
+    monkeypatch.setattr(machine_gpu, "_nvml_max_power_w", lambda uuid: 700.0 if uuid else None)
     return devices.probe.__wrapped__("cuda")
 
 
@@ -326,7 +330,7 @@ def test_emulated_bf16_autocast_is_not_bf16_autocast(monkeypatch):
 def test_a_gpu_is_identified_by_its_name_and_figures(monkeypatch):
     props = _props("NVIDIA H200", (9, 0), 140, 132, clock_khz=1_980_000, uuid="GPU-1")
     h200 = _fake_gpu(monkeypatch, props, True)
-    assert h200.figures == devices.GpuFigures(140, 132, 1980.0, 700.0)
+    assert h200.figures == GpuFigures(140, 132, 1980.0, 700.0)
     assert (h200.datasheet().spec.name, h200.datasheet().sure) == ("H200 SXM", True)
     # Without NVML's power limit nor the clock (torch < 2.10), memory and SMs cannot tell an
     # SXM H200 from an NVL: the entry is by name only, and says so.
@@ -360,16 +364,16 @@ class _FakeNvml:
 
 def test_the_power_limit_comes_from_nvml_where_the_driver_has_it(monkeypatch):
     nvml = _FakeNvml(600_000, "GPU-8c1a")
-    monkeypatch.setattr(devices.ctypes, "CDLL", lambda _name: nvml)
-    assert devices._nvml_max_power_w("8c1a") == 600.0 and nvml.shut  # torch's uuid lacks "GPU-"
-    assert devices._nvml_max_power_w("GPU-8c1a") == 600.0
-    assert devices._nvml_max_power_w("GPU-other") is None
+    monkeypatch.setattr(machine_gpu.ctypes, "CDLL", lambda _name: nvml)
+    assert machine_gpu._nvml_max_power_w("8c1a") == 600.0 and nvml.shut  # torch's uuid lacks "GPU-"
+    assert machine_gpu._nvml_max_power_w("GPU-8c1a") == 600.0
+    assert machine_gpu._nvml_max_power_w("GPU-other") is None
 
     def no_driver(_name):
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
-    monkeypatch.setattr(devices.ctypes, "CDLL", no_driver)
-    assert devices._nvml_max_power_w("GPU-8c1a") is None
+    monkeypatch.setattr(machine_gpu.ctypes, "CDLL", no_driver)
+    assert machine_gpu._nvml_max_power_w("GPU-8c1a") is None
 
 
 # --- the fingerprint records the precision switches a result depends on ------------------------
@@ -506,7 +510,7 @@ def hardware_rows_against(baseline: dict) -> list[str]:
     facts = baseline["fingerprint"]
     if facts.get("device") != "cpu" or "cpu.onednn_isa" not in facts:
         return []
-    level = hardware.onednn_level(facts["cpu.onednn_isa"]) or ""
+    level = machine_cpu.onednn_level(facts["cpu.onednn_isa"]) or ""
     release = releases.release(facts["torch"])
     wrong = []
     for device, need in devices.HARDWARE_CAPABILITIES:
@@ -514,9 +518,7 @@ def hardware_rows_against(baseline: dict) -> list[str]:
         if device != "cpu":
             continue
         expected = bool(
-            row
-            and release >= row.torch
-            and hardware.level_rank(level) >= hardware.level_rank(row.cpu)
+            row and release >= row.torch and levels.level_rank(level) >= levels.level_rank(row.cpu)
         )
         seen = facts.get(f"capability.{need}") == "yes"
         if expected != seen:
@@ -587,7 +589,7 @@ def broken_probe() -> Probe:
         import torch._inductor.compile_fx
 
         patch.setattr(torch._inductor.compile_fx, "compile_fx", _inductor_raising)
-        return devices._run_probe(lambda: devices.DEFERRED_PROBES["inductor_compile"]("cpu"))
+        return probes.run_probe(lambda: devices.DEFERRED_PROBES["inductor_compile"]("cpu"))
 
 
 @pytest.mark.slow

@@ -10,8 +10,8 @@ import pytest
 from conftest import load_scenario
 
 from harness.common.errors import HarnessError
-from harness.lab import gpus
-from harness.lab.gpus import GpuTableError
+from harness.lab.machine import gpus
+from harness.lab.machine.gpus import GpuTableError
 from harness.lab.measure import Ratio
 
 speed = load_scenario("test_speed.py")  # its decision functions, tested without a GPU

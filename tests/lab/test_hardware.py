@@ -1,7 +1,8 @@
-"""harness.lab.hardware: the CPU's class is read back from the kernels in force (ATen's dispatch,
-oneDNN's own words), a class held down is recorded as that class, a class that is not in force
-is an error, and the GPU's facts come from NVML where the driver has it. Nothing here holds what
-this machine measured: each expectation is derived from its probed instruction sets."""
+"""harness.lab.machine.cpu and .gpu: the CPU's class is read back from the kernels in force
+(ATen's dispatch, oneDNN's own words), a class held down is recorded as that class, a class that
+is not in force is an error, and the GPU's facts come from NVML where the driver has it. Nothing
+here holds what this machine measured: each expectation is derived from its probed instruction
+sets."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import pytest
 import torch
 from test_capabilities import _FakeNvml
 
-from harness.lab import devices, hardware
+from harness.lab import devices
+from harness.lab.machine import cpu as machine_cpu
+from harness.lab.machine import gpu as machine_gpu
+from harness.lab.machine import levels
 from harness.records import environments, fingerprint
 
 # oneDNN's names of its instruction sets (src/cpu/x64/cpu_isa_traits.hpp, get_isa_info), as its
@@ -37,7 +41,7 @@ ONEDNN_WORDS = {
 
 @pytest.mark.parametrize(("words", "level"), ONEDNN_WORDS.items())
 def test_onednn_s_words_name_their_level(words, level):
-    assert hardware.onednn_level(words) == level
+    assert machine_cpu.onednn_level(words) == level
 
 
 @pytest.mark.parametrize(
@@ -53,28 +57,28 @@ def test_onednn_s_words_name_their_level(words, level):
 )
 def test_the_class_is_the_level_both_aten_and_onednn_run_at(aten, onednn, level):
     kernels = {"aten": aten, "onednn_level": onednn}
-    assert hardware.class_level(kernels, ["avx2", "avx512", "avx512-bf16"]) == level
+    assert machine_cpu.class_level(kernels, ["avx2", "avx512", "avx512-bf16"]) == level
 
 
 def test_this_process_s_class_is_what_its_kernels_run_at():
     """The class of this very process, derived from what torch and oneDNN say, not from the
     variables: a CI machine held down (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) reads lower."""
-    facts = hardware.cpu_facts()
-    kernels = hardware.kernels_in_force()
+    facts = machine_cpu.cpu_facts()
+    kernels = machine_cpu.kernels_in_force()
     assert kernels["aten"] == torch.backends.cpu.get_cpu_capability()
-    assert facts["cpu.class"].endswith(hardware.class_level(kernels, hardware.instructions()))
+    assert facts["cpu.class"].endswith(machine_cpu.class_level(kernels, machine_cpu.instructions()))
     if torch.backends.mkldnn.is_available() and not kernels["onednn"].endswith("did not say)"):
-        assert hardware.onednn_level(kernels["onednn"]) == kernels["onednn_level"]
+        assert machine_cpu.onednn_level(kernels["onednn"]) == kernels["onednn_level"]
     # Never above what the silicon has.
-    best = hardware.level_rank(hardware.best_level(hardware.instructions()))
-    assert hardware.level_rank(kernels["onednn_level"]) <= best
+    best = levels.level_rank(machine_cpu.best_level(machine_cpu.instructions()))
+    assert levels.level_rank(kernels["onednn_level"]) <= best
 
 
 def _classes_of_processes(*envs: dict[str, str]) -> list[dict[str, str]]:
     """The CPU facts new processes read, one under each of `envs`, side by side; each one's
     output must be their JSON alone: oneDNN's verbose lines, read back, never reach the
     process's own output."""
-    code = "import json; from harness.lab import hardware; print(json.dumps(hardware.cpu_facts()))"
+    code = "import json; from harness.lab.machine import cpu; print(json.dumps(cpu.cpu_facts()))"
     started = [
         subprocess.Popen(
             [sys.executable, "-c", code],
@@ -92,7 +96,7 @@ def _classes_of_processes(*envs: dict[str, str]) -> list[dict[str, str]]:
 @pytest.mark.slow
 def test_reading_the_kernels_back_prints_nothing():
     (facts,) = _classes_of_processes({"ONEDNN_VERBOSE": "0"})
-    assert facts["cpu.class"] == hardware.cpu_facts()["cpu.class"]
+    assert facts["cpu.class"] == machine_cpu.cpu_facts()["cpu.class"]
 
 
 @pytest.mark.slow
@@ -100,38 +104,38 @@ def test_a_class_held_down_is_recorded_as_that_class_read_back():
     """Every class this machine can reach below its own, held by the variables --amp-cpu-class
     sets, reads back as that class from torch and oneDNN. The control: the variables of the
     machine's own best class read as it."""
-    have = hardware.instructions()
-    best = hardware.best_level(have)
+    have = machine_cpu.instructions()
+    best = machine_cpu.best_level(have)
     reachable = [
         level
         for level in ("sse41", "avx2", "avx512")
-        if hardware.level_rank(level) <= hardware.level_rank(best)
+        if levels.level_rank(level) <= levels.level_rank(best)
     ]
     assert reachable, f"an x86-64 CPU has SSE4.1 at least: {have}"
-    found = _classes_of_processes(*(hardware.HOLD[level] for level in reachable))
+    found = _classes_of_processes(*(machine_cpu.HOLD[level] for level in reachable))
     for level, facts in zip(reachable, found, strict=True):
         assert facts["cpu.class"].endswith(f"-{level}"), facts
-        assert hardware.HOLD[level]["ONEDNN_MAX_CPU_ISA"] in facts["cpu.held_by"]
+        assert machine_cpu.HOLD[level]["ONEDNN_MAX_CPU_ISA"] in facts["cpu.held_by"]
 
 
 def test_a_class_above_the_machine_s_best_is_not_in_force():
-    best = hardware.best_level(hardware.instructions())
-    higher = [lv for lv in hardware.LEVELS if hardware.level_rank(lv) > hardware.level_rank(best)]
+    best = machine_cpu.best_level(machine_cpu.instructions())
+    higher = [lv for lv in levels.LEVELS if levels.level_rank(lv) > levels.level_rank(best)]
     if not higher:
         pytest.skip(f"this CPU runs the highest class known ({best}): nothing above it to ask for")
-    with pytest.raises(hardware.NotInForce, match=f"this CPU's best is {best}"):
-        hardware.check_held(higher[-1])
+    with pytest.raises(machine_cpu.NotInForce, match=f"this CPU's best is {best}"):
+        machine_cpu.check_held(higher[-1])
 
 
 def test_a_class_asked_for_after_the_kernels_were_chosen_says_to_set_it_before(monkeypatch):
     """In a process whose kernels were chosen already (here: this one), holding a lower class
     cannot take effect: the error says so and names the variables to set."""
-    ran = hardware.kernels_in_force()
+    ran = machine_cpu.kernels_in_force()
     lower = next(
         (
             lv
             for lv in ("sse41", "avx2")
-            if hardware.level_rank(lv) < hardware.level_rank(ran["onednn_level"])
+            if levels.level_rank(lv) < levels.level_rank(ran["onednn_level"])
         ),
         None,
     )
@@ -139,9 +143,9 @@ def test_a_class_asked_for_after_the_kernels_were_chosen_says_to_set_it_before(m
         pytest.skip(f"oneDNN runs at {ran['onednn_level']}: no lower class to ask for")
     # hold() sets the variables in this process: on a copy of its environment, put back after.
     monkeypatch.setattr(os, "environ", dict(os.environ))
-    hardware.hold(lower)
-    with pytest.raises(hardware.NotInForce, match="before Python starts"):
-        hardware.check_held(lower)
+    machine_cpu.hold(lower)
+    with pytest.raises(machine_cpu.NotInForce, match="before Python starts"):
+        machine_cpu.check_held(lower)
 
 
 @pytest.mark.slow
@@ -150,7 +154,7 @@ def test_the_option_holds_the_class_for_a_session(pytester):
     fingerprint (journal) records the class in force."""
     from conftest import REPO
 
-    have = hardware.instructions()
+    have = machine_cpu.instructions()
     if "avx2" not in have:
         pytest.skip(f"needs a CPU with AVX2 to hold it down to avx2: {have}")
     (pytester.path / "scenarios").mkdir()
@@ -185,7 +189,7 @@ def test_a_probe_of_a_cpu_kernel_follows_the_class_table():
     for (device, need), row in devices.EXPECTED.items():
         if device != "cpu" or not row.cpu:
             continue
-        reached = hardware.level_rank(cpu.onednn_level) >= hardware.level_rank(row.cpu)
+        reached = levels.level_rank(cpu.onednn_level) >= levels.level_rank(row.cpu)
         lack = cpu.missing(need)
         assert (lack is None or lack.regression) == reached, (need, cpu.onednn_level, lack)
 
@@ -204,30 +208,30 @@ def test_a_gpu_s_mig_mode_and_clocks_come_from_nvml(monkeypatch):
             return 3  # NVML_ERROR_NOT_SUPPORTED: left out
 
     nvml = Nvml(700_000, "GPU-8c1a")
-    monkeypatch.setattr(hardware.ctypes, "CDLL", lambda _name: nvml)
-    with hardware.nvml_device("8c1a") as (lib, handle):
-        facts = hardware._nvml_facts(lib, handle)
+    monkeypatch.setattr(machine_gpu.ctypes, "CDLL", lambda _name: nvml)
+    with machine_gpu.nvml_device("8c1a") as (lib, handle):
+        facts = machine_gpu._nvml_facts(lib, handle)
     assert facts == {
         "gpu.mig": "enabled",
         "gpu.max_sm_clock_mhz": "1980",
         "gpu.max_memory_clock_mhz": "3201",
     }
-    assert hardware.gpu_class("NVIDIA H200", facts) == "NVIDIA-H200-MIG"
-    assert hardware.gpu_class("NVIDIA H200", {"gpu.mig": "disabled"}) == "NVIDIA-H200"
-    with hardware.nvml_device("") as (_lib, handle):
+    assert machine_gpu.gpu_class("NVIDIA H200", facts) == "NVIDIA-H200-MIG"
+    assert machine_gpu.gpu_class("NVIDIA H200", {"gpu.mig": "disabled"}) == "NVIDIA-H200"
+    with machine_gpu.nvml_device("") as (_lib, handle):
         assert handle is None
 
 
 def test_a_class_the_machine_cannot_reach_stops_the_session_before_any_test(pytester):
     """--amp-cpu-class above this CPU's best: a usage error naming the class, what runs and the
     CPU's best; nothing is recorded."""
-    best = hardware.best_level(hardware.instructions())
-    if best == hardware.LEVELS[-1]:
+    best = machine_cpu.best_level(machine_cpu.instructions())
+    if best == levels.LEVELS[-1]:
         pytest.skip(f"this CPU runs the highest class known ({best})")
     pytester.makepyfile(**{"scenarios/test_scn": "def test_x():\n    pass\n"})
     result = pytester.runpytest_inprocess(
         "scenarios", "--no-mlflow", "--amp-device=cpu", "-p", "no:cacheprovider",
-        f"--amp-reports={pytester.path / 'reports'}", "--amp-cpu-class", hardware.LEVELS[-1],
+        f"--amp-reports={pytester.path / 'reports'}", "--amp-cpu-class", levels.LEVELS[-1],
     )  # fmt: skip
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*--amp-cpu-class amx-fp16*not in force*best is {best}*"])

@@ -74,7 +74,7 @@ def test_the_reports_comparison_is_of_the_last_session_of_record(reports, capsys
     assert cli.main(["baseline", "save", "--reports", str(reports), "--baselines", str(out),
                      "--session", "aaaa"]) == 0  # fmt: skip
     (saved,) = out.iterdir()
-    found = cli._baseline_comparison(reports, str(saved), out)
+    found = cli.report.baseline_comparison(reports, str(saved), out)
     assert found.startswith(f"session bbbbbbbbbbbb (session {B}) against {saved}: ")
     assert found.endswith(" " + PASSED_OVER.removeprefix("amp-harness: "))
 
@@ -87,5 +87,5 @@ def test_last_with_every_session_experimental_is_an_error_saying_so(reports, cap
     assert (f"every session is marked experimental, 3 of them (the last: cccccccccccc (session "
             f"{C})): none is of the team's record. Mark one of record with `amp-harness sessions "
             "mark ID record`") in " ".join(capsys.readouterr().err.split())  # fmt: skip
-    found = cli._baseline_comparison(reports, "auto", reports / "baselines")
+    found = cli.report.baseline_comparison(reports, "auto", reports / "baselines")
     assert found.startswith("no comparison: ") and "every session is marked experimental" in found

@@ -242,7 +242,7 @@ def test_the_reports_comparison_rows_carry_the_attribution(monkeypatch, tmp_path
     monkeypatch.setattr(compare, "load", lambda spec, journal: ("session x", last))
     base = summary(XEON, **SEEDS)
     monkeypatch.setattr(compare, "read_baseline", lambda given: base)
-    rows = cli._baseline_comparison(tmp_path, str(path), tmp_path)
+    rows = cli.report.baseline_comparison(tmp_path, str(path), tmp_path)
     assert [row["change"] for row in rows] == [
         "hardware",
         "verdict, explained by the hardware",
@@ -252,7 +252,7 @@ def test_the_reports_comparison_rows_carry_the_attribution(monkeypatch, tmp_path
     assert "bf16_rnn: yes vs no" in rows[1]["why"]
     # Negative control: on one class both are regressions, listed first as such.
     monkeypatch.setattr(compare, "load", lambda spec, journal: ("x", {**last, "fingerprint": XEON}))
-    rows = cli._baseline_comparison(tmp_path, str(path), tmp_path)
+    rows = cli.report.baseline_comparison(tmp_path, str(path), tmp_path)
     assert [row["change"] for row in rows] == ["verdict", "metric, flagged"]
 
 

@@ -287,7 +287,7 @@ def test_cli_report_and_the_report_at_the_end_of_run(store, capsys, monkeypatch)
     assert f"report written: {store / 'from-cli' / 'index.html'}" in capsys.readouterr().out
 
     def after_run(*pytest_args: str) -> str:
-        cli._report_after_run(cli._session_options(str(store), list(pytest_args)))
+        cli.run._report_after_run(cli.run._session_options(str(store), list(pytest_args)))
         return capsys.readouterr().out
 
     out = after_run("--amp-device=cpu", "--amp-experiment", "amp-harness")

@@ -20,7 +20,8 @@ from test_sensitivity_memory_speed import SPEED_WIDTHS
 from test_sensitivity_speed import KEPT_SIZES
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.lab import gpus, measure, memory_model, models, speedups
+from harness.lab import measure, memory_model, models, speedups
+from harness.lab.machine import gpus
 
 SCENARIOS_BUDGET_S = 120.0  # of the 180 s the issue allows for every scenario module
 CHECK_BUDGET_S = 200.0  # of the 300 s it allows for the whole of scripts/gpu-check

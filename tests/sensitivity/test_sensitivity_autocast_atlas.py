@@ -10,7 +10,8 @@ import torch
 from autocast_breaks import mm_without_autocast, without_autocast_rule
 from conftest import assert_fails_naming
 
-from harness.lab import devices, hardware
+from harness.lab import devices
+from harness.lab.machine import cpu
 
 MODULE = "test_autocast_atlas.py"
 
@@ -53,8 +54,8 @@ def test_a_lost_rnn_kernel_where_the_hardware_has_it_is_a_capability_regression(
     on) is a regression of the build, never explained by the hardware: the bf16 atlas fails at
     the probe, naming the capability. Forced here on any CPU by reading oneDNN's level as
     avx512-bf16."""
-    kernels = dict(hardware.kernels_in_force(), onednn_level="avx512-bf16")
-    monkeypatch.setattr(hardware, "kernels_in_force", lambda: kernels)
+    kernels = dict(cpu.kernels_in_force(), onednn_level="avx512-bf16")
+    monkeypatch.setattr(cpu, "kernels_in_force", lambda: kernels)
 
     def without_bf16(real):
         def lstm(*args, **kwargs):

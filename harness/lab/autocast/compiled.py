@@ -2,8 +2,8 @@
 and the upstream settings that make compiled code do what eager does.
 
 torch._dynamo and torch._inductor are imported inside the functions: importing them takes
-seconds, and harness.lab.devices imports this module in every session, most of which never
-compile anything.
+seconds, and every session imports this module (harness.records.torch_state reads its
+flush-to-zero switch), most of which never compile anything.
 """
 
 from __future__ import annotations

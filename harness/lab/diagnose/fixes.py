@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from harness.lab.devices import DeviceInfo
+from harness.lab.machine.device import DeviceInfo
 from harness.lab.recipes import Precision, Recipe
 
 # An AdamW epsilon fp16 holds as a normal number (fp16's smallest normal is 6.1e-5).

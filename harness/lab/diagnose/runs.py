@@ -28,11 +28,12 @@ import torch
 from torch import nn
 
 from harness.common.errors import HarnessError
-from harness.lab import devices, probes, recipes
+from harness.lab import probes, recipes
 from harness.lab.autocast import compiled
 from harness.lab.diagnose import kernels
 from harness.lab.diagnose.fixes import Fix, Fixed
 from harness.lab.diagnose.rules import COSINE_MIN, REFERENCE, NormState, OpRange, Run
+from harness.lab.machine.device import DeviceInfo
 from harness.lab.train import History, named_optimizer, train
 
 SEED = 0
@@ -73,7 +74,7 @@ class Replay:
 class Setting:
     """What every run of one diagnosis shares."""
 
-    device: devices.DeviceInfo
+    device: DeviceInfo
     lr: float
     optimizer: str
     step_limit_s: float | None  # a step that takes longer is stopped (None: no limit)

@@ -1,6 +1,6 @@
 """The CPU kernel levels a hardware class can name, lowest first, without torch: the readers of
-baselines (harness.reports.nearest) order CPU classes by them, harness.lab.hardware reads the
-level in force from torch and oneDNN."""
+baselines (harness.reports.nearest) order CPU classes by them, harness.lab.machine.cpu reads
+the level in force from torch and oneDNN."""
 
 # VNNI (8-bit integer dot products) does not change a float16 or bfloat16 result, so it names no
 # level of its own.

@@ -260,7 +260,7 @@ def identify(
     table_ = table() if gpus is None else gpus
     named = _by_name(name, table_)
     if named is None:
-        return Identified(None, False, f"{name!r} is not in harness/lab/gpus.json")
+        return Identified(None, False, f"{name!r} is not in harness/lab/machine/gpus.json")
     pattern, gpu = named
     if not gpu.figures:
         return Identified(gpu, True, f"{gpu.name}, by name ({pattern!r})")
