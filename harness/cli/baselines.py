@@ -131,7 +131,7 @@ def _compare(args: argparse.Namespace) -> int:
     try:
         a_label, a = compare.load(args.a, journal)
         b_label, b = compare.load(args.b, journal)
-    except compare.MissingBaseline as exc:  # reported, not an error: there may be none yet
+    except baseline.MissingBaseline as exc:  # reported, not an error: there may be none yet
         if args.fail_on_regression:  # ... but a gate that compared nothing must not pass
             raise HarnessError(f"--fail-on-regression: {exc}") from None
         missing = {"missing_baseline": str(exc.path), "message": str(exc)}

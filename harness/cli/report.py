@@ -58,10 +58,10 @@ def baseline_comparison(reports: Path, spec: str, baselines: Path) -> str | list
             chosen = nearest.choose(baselines, last["fingerprint"])
             path, summary, chose = chosen.path, chosen.summary, [chosen.why] if chosen.why else []
             if summary is None:
-                raise compare.MissingBaseline(path)
+                raise baseline.MissingBaseline(path)
         else:
             path, chose = Path(spec), []
-            summary = compare.read_baseline(path)
+            summary = baseline.read_baseline(path)
         result = compare.compare(
             summary, last, labels=(str(path), label), accepted=accepted_changes(baselines)
         )

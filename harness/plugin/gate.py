@@ -47,7 +47,7 @@ class Gate:
             chosen = nearest.choose(folder, facts)
             return cls(config, chosen.path, chosen.summary, chosen.why, accepted)
         path = config.invocation_params.dir / option
-        return cls(config, path, compare.read_baseline(path), accepted=accepted)
+        return cls(config, path, baseline.read_baseline(path), accepted=accepted)
 
     def compare(self, session: dict) -> None:
         """`session`: the session's summary (harness.reports.baseline.summarize)."""
@@ -69,7 +69,7 @@ class Gate:
         comparison = self.comparison
         if comparison is None:
             terminalreporter.write_line(
-                f"amp-harness: {compare.MissingBaseline(self.path)}", yellow=True
+                f"amp-harness: {baseline.MissingBaseline(self.path)}", yellow=True
             )
             legacy = self.path.with_name(baseline.legacy_filename(entry["fingerprint"]))
             if legacy != self.path and legacy.is_file():

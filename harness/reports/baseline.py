@@ -14,6 +14,12 @@ A session marked experimental (pytest's --amp-experimental, `amp-harness session
 part of the team's record: `baseline save` refuses it, naming it and how to unmark it, and `last`
 (`compare last`, the report's comparison) is the last session of record, the experimental ones
 after it passed over and said (`passed_over`).
+
+The file's one owner: this module writes it (`summarize` makes its fields, `save` the file,
+`filename` its name) and reads it back (`read_baseline`, checked field by field against FORMAT:
+a bad file is an error naming the file, the field and the fix; `MissingBaseline` where there is
+none; `auto_path` an environment's own, `parse_filename` what a file's name says). Comparing two
+of them is harness.reports.compare's job; choosing one to gate against, harness.reports.nearest's.
 """
 
 from __future__ import annotations
@@ -32,6 +38,20 @@ from harness.records.record import DEPENDS_ON_HARDWARE, SCENARIO_DIGEST
 
 LISTED_IN_ERRORS = 5  # sessions named by the error for an id that names none
 FORMAT = 2  # 2: verdicts carry their test's outcome (`stands`); sessions say what they lack
+# The names `filename` gives: `<class>_torch-<version>[_cuda-<version>].json`.
+_NAME = re.compile(r"(?P<cls>[^_]+)_torch-(?P<torch>[^_]+?)(?:_cuda-(?P<cuda>[^_]+))?\.json")
+
+
+class MissingBaseline(HarnessError):
+    """No baseline file where one was looked for: reported to the user, never a failure."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        super().__init__(
+            f"no baseline at {path}: nothing compared. After a session you trust, "
+            f"`amp-harness baseline save --baselines {path.parent}` writes one there, named "
+            "after its environment (`--session ID` picks another session than the last)."
+        )
 
 
 def find_session(sessions: dict[str, Indexed], session_id: str, where: Path) -> str:
@@ -213,6 +233,13 @@ def filename(fingerprint: dict[str, str]) -> str:
     return "_".join(re.sub(r"[^A-Za-z0-9.+-]+", "-", p).strip("-") for p in parts) + ".json"
 
 
+def parse_filename(name: str) -> tuple[str, str, str] | None:
+    """(hardware class, torch, CUDA: "" for a CPU baseline) of a file `filename` named; None for
+    a file named otherwise, not a baseline."""
+    match = _NAME.fullmatch(name)
+    return (match["cls"], match["torch"], match["cuda"] or "") if match else None
+
+
 def legacy_filename(fingerprint: dict[str, str]) -> str:
     """The name a harness before hardware classes gave this environment's baseline
     (`cpu-x86-64_torch-2.13.0+cpu.json`): never picked as this environment's, since it does not
@@ -254,3 +281,69 @@ def _describe(path: Path) -> str:
         )
     except (OSError, ValueError, KeyError, TypeError):
         return "not a readable baseline"
+
+
+# --- reading a baseline file ------------------------------------------------------------------
+
+
+def auto_path(folder: Path, fingerprint: dict[str, str]) -> Path:
+    """The baseline for an environment: the file `amp-harness baseline save` writes for it."""
+    return Path(folder) / filename(fingerprint)
+
+
+def read_baseline(path: Path) -> dict:
+    """A baseline file, checked: a bad one is an error naming the file, the field and the fix."""
+    if path.exists() and not path.is_file():  # a folder, /dev/zero, a pipe: never a baseline
+        raise HarnessError(
+            f"{path}: not a baseline file (a folder or a device): give the *.json file "
+            "`amp-harness baseline save` writes"
+        )
+    if not path.is_file():
+        raise MissingBaseline(path)
+    fix = "`amp-harness baseline save` writes a valid one"
+    try:
+        summary = shapes.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HarnessError(f"{path}: cannot read the baseline: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise HarnessError(f"{path}: not JSON ({exc}); {fix}") from exc
+    except shapes.TooDeep:
+        raise HarnessError(
+            f"{path}: nested too deeply to be a baseline (a baseline is 4 levels deep); {fix}"
+        ) from None
+    problem = _problem(summary)
+    if problem:
+        raise HarnessError(f"{path}: {problem}; {fix}")
+    return summary
+
+
+def _problem(summary) -> str | None:
+    if not isinstance(summary, dict):
+        return "expected a JSON object (a baseline summary)"
+    if summary.get("format") != FORMAT:
+        return (
+            f'field "format" is {summary.get("format")!r}; this harness reads {FORMAT} '
+            "(format 1 files predate verdicts that carry their test's outcome)"
+        )
+    if not isinstance(summary.get("verdicts"), list):
+        return 'field "verdicts" is missing or not a list'
+    for i, verdict in enumerate(summary["verdicts"]):
+        for name in ("claim", "verdict", "evidence", "test"):
+            if not isinstance(verdict, dict) or not isinstance(verdict.get(name), str):
+                return f'verdicts[{i}]: field "{name}" is missing or not text'
+        if not isinstance(verdict.get("stands"), bool):
+            return f'verdicts[{i}]: field "stands" is missing or not true/false'
+    if not isinstance(summary.get("fingerprint", {}), dict):
+        return 'field "fingerprint" is not an object'
+    if not isinstance(summary.get("lacks", []), list):
+        return 'field "lacks" is not a list'
+    if not isinstance(summary.get("tests"), dict):
+        return 'field "tests" is missing or not an object'
+    for test, entry in summary["tests"].items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("metrics"), dict):
+            return f'tests["{test}"]: field "metrics" is missing or not an object'
+        for key, value in entry["metrics"].items():
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number and value not in shapes.NON_FINITE:
+                return f'tests["{test}"].metrics["{key}"]: {value!r} is not a number'
+    return None

@@ -20,7 +20,8 @@ from harness.common.errors import HarnessError
 from harness.lab.releases import version_key
 from harness.records import environments
 from harness.reports import atlas, differences
-from harness.reports.compare import claim_verdicts, read_baseline
+from harness.reports.baseline import read_baseline
+from harness.reports.compare import claim_verdicts
 from harness.reports.table import cap
 
 TITLE = "What changed across releases"

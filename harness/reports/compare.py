@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import math
 import re
 import statistics
@@ -39,7 +38,7 @@ from pathlib import Path
 from harness.catalogue import verdicts
 from harness.common import shown
 from harness.common.errors import HarnessError
-from harness.records import environments, shapes
+from harness.records import environments
 from harness.records.journal import Journal
 from harness.records.journal_index import short_id
 from harness.records.record import SCENARIO_DIGEST, _jsonable
@@ -53,18 +52,6 @@ _REPETITION = re.compile(r"^(seed|round|rank)\d+$")
 NOTHING_DIFFERS = "nothing in the environment differs: the harness or noise"
 EXPLAINED = kinds.TITLE[kinds.HARDWARE]
 SKIPPED = "skipped"  # a verdict's label, and a test's outcome, where it could not run
-
-
-class MissingBaseline(HarnessError):
-    """No baseline file where one was looked for: reported to the user, never a failure."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        super().__init__(
-            f"no baseline at {path}: nothing compared. After a session you trust, "
-            f"`amp-harness baseline save --baselines {path.parent}` writes one there, named "
-            "after its environment (`--session ID` picks another session than the last)."
-        )
 
 
 def attribute(
@@ -642,76 +629,13 @@ def load(spec: str, journal: Journal) -> tuple[str, dict]:
     if spec == "last":
         summary = baseline.summarize(journal)
     elif spec.endswith(".json") or "/" in spec or Path(spec).exists():
-        return spec, read_baseline(Path(spec))
+        return spec, baseline.read_baseline(Path(spec))
     else:
         try:
             summary = baseline.summarize(journal, spec)
         except HarnessError as exc:
             raise HarnessError(f"{exc} (or give a baseline file, *.json, or `last`)") from None
     return f"session {short_id(summary['session_id'])} ({summary['name']})", summary
-
-
-def auto_path(folder: Path, fingerprint: dict[str, str]) -> Path:
-    """The baseline for an environment: the file `amp-harness baseline save` writes for it."""
-    return Path(folder) / baseline.filename(fingerprint)
-
-
-def read_baseline(path: Path) -> dict:
-    """A baseline file, checked: a bad one is an error naming the file, the field and the fix."""
-    if path.exists() and not path.is_file():  # a folder, /dev/zero, a pipe: never a baseline
-        raise HarnessError(
-            f"{path}: not a baseline file (a folder or a device): give the *.json file "
-            "`amp-harness baseline save` writes"
-        )
-    if not path.is_file():
-        raise MissingBaseline(path)
-    fix = "`amp-harness baseline save` writes a valid one"
-    try:
-        summary = shapes.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HarnessError(f"{path}: cannot read the baseline: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise HarnessError(f"{path}: not JSON ({exc}); {fix}") from exc
-    except shapes.TooDeep:
-        raise HarnessError(
-            f"{path}: nested too deeply to be a baseline (a baseline is 4 levels deep); {fix}"
-        ) from None
-    problem = _problem(summary)
-    if problem:
-        raise HarnessError(f"{path}: {problem}; {fix}")
-    return summary
-
-
-def _problem(summary) -> str | None:
-    if not isinstance(summary, dict):
-        return "expected a JSON object (a baseline summary)"
-    if summary.get("format") != baseline.FORMAT:
-        return (
-            f'field "format" is {summary.get("format")!r}; this harness reads {baseline.FORMAT} '
-            "(format 1 files predate verdicts that carry their test's outcome)"
-        )
-    if not isinstance(summary.get("verdicts"), list):
-        return 'field "verdicts" is missing or not a list'
-    for i, verdict in enumerate(summary["verdicts"]):
-        for name in ("claim", "verdict", "evidence", "test"):
-            if not isinstance(verdict, dict) or not isinstance(verdict.get(name), str):
-                return f'verdicts[{i}]: field "{name}" is missing or not text'
-        if not isinstance(verdict.get("stands"), bool):
-            return f'verdicts[{i}]: field "stands" is missing or not true/false'
-    if not isinstance(summary.get("fingerprint", {}), dict):
-        return 'field "fingerprint" is not an object'
-    if not isinstance(summary.get("lacks", []), list):
-        return 'field "lacks" is not a list'
-    if not isinstance(summary.get("tests"), dict):
-        return 'field "tests" is missing or not an object'
-    for test, entry in summary["tests"].items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("metrics"), dict):
-            return f'tests["{test}"]: field "metrics" is missing or not an object'
-        for key, value in entry["metrics"].items():
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not number and value not in shapes.NON_FINITE:
-                return f'tests["{test}"].metrics["{key}"]: {value!r} is not a number'
-    return None
 
 
 # --- presenting --------------------------------------------------------------------------------

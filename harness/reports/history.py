@@ -1,7 +1,7 @@
 """The report's history: per hardware class, each claim's verdict and key metrics across the
 sessions of record, oldest first, each session labelled with its torch release.
 
-harness.reports.report reads the runs; this module sees only what each session said (a `Point`):
+harness.reports.ledger reads the runs; this module sees only what each session said (a `Point`):
 each claim's verdict as it counts (harness.catalogue.verdicts), and the key metrics
 (Record.key_metric) of the claim's tests. From them, per claim and class (a `Track`):
 - since when its current verdict holds: the first session from which every session that gave it

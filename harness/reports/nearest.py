@@ -25,9 +25,8 @@ from pathlib import Path
 from harness.lab.machine.levels import level_rank
 from harness.lab.releases import version_key
 from harness.records import environments
-from harness.reports import compare
+from harness.reports import baseline
 
-_NAME = re.compile(r"(?P<cls>[^_]+)_torch-(?P<torch>[^_]+?)(?:_cuda-(?P<cuda>[^_]+))?\.json")
 _CPU_CLASS = re.compile(r"cpu-(?P<arch>.+?)-(?P<level>(?:sse41|avx|amx)[^+]*)(?:\+.*)?")
 FAR = 1_000  # the distance of a class nothing relates to this one's
 
@@ -62,17 +61,17 @@ def candidates(folder: Path) -> list[Candidate]:
     """The baselines of `folder`, by their names; files named otherwise are not baselines."""
     found = []
     for path in sorted(Path(folder).glob("*.json")):
-        match = _NAME.fullmatch(path.name)
-        if match:
-            found.append(Candidate(path, match["cls"], match["torch"], match["cuda"] or ""))
+        named = baseline.parse_filename(path.name)
+        if named:
+            found.append(Candidate(path, *named))
     return found
 
 
 def choose(folder: Path, fingerprint: dict[str, str]) -> Choice:
     """The baseline to gate a session of `fingerprint` against (see the module's docstring)."""
-    own = compare.auto_path(folder, fingerprint)
+    own = baseline.auto_path(folder, fingerprint)
     if own.is_file():
-        return Choice(own, compare.read_baseline(own))
+        return Choice(own, baseline.read_baseline(own))
     this_class = environments.hardware_class(fingerprint)
     torch = environments.fact(fingerprint, "torch")
     device = environments.fact(fingerprint, "device")
@@ -83,7 +82,7 @@ def choose(folder: Path, fingerprint: dict[str, str]) -> Choice:
         key=lambda c: (_class_distance(this_class, fingerprint, c), _release_rank(torch, c.torch)),
     )
     for candidate in ranked:
-        summary = compare.read_baseline(candidate.path)
+        summary = baseline.read_baseline(candidate.path)
         if environments.is_legacy(summary.get("fingerprint", {})):
             continue
         return Choice(candidate.path, summary, _why(own, this_class, torch, candidate, summary))
@@ -126,7 +125,7 @@ def _class_distance(this_class: str, fingerprint: dict[str, str], candidate: Can
 def _compute_capability(path: Path) -> str:
     """A GPU baseline's compute capability: read from the file (its name does not say it)."""
     return environments.fact(
-        compare.read_baseline(path).get("fingerprint", {}), "compute_capability"
+        baseline.read_baseline(path).get("fingerprint", {}), "compute_capability"
     )
 
 

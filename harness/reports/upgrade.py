@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness.common.errors import HarnessError
 from harness.lab.releases import version_key
-from harness.reports import compare, kinds
+from harness.reports import baseline, compare, kinds
 from harness.reports.accepted import RELEASE, Entry
 from harness.reports.nearest import Candidate, candidates
 
@@ -75,8 +75,8 @@ def steps(
         step = Step(name, _pick(group, since), _pick(group, until))
         if step.before and step.after:
             step.comparison = compare.compare(
-                compare.read_baseline(step.before.path),
-                compare.read_baseline(step.after.path),
+                baseline.read_baseline(step.before.path),
+                baseline.read_baseline(step.after.path),
                 labels=(step.before.path.name, step.after.path.name),
                 accepted=accepted,
             )

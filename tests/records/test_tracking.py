@@ -556,12 +556,12 @@ def test_a_store_locked_by_another_process_leaves_the_journal(pytester, empty_st
 def test_a_full_disk_under_the_store_leaves_the_journal(pytester, monkeypatch):
     import sqlite3
 
-    from harness.records import tracking
+    from harness.records.mlflow import bounds
 
     def full(uri, set_aside=None):
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(tracking, "client", full)
+    monkeypatch.setattr(bounds, "client", full)  # where the sink looks it up
     result, _ = run_session(pytester)
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines(["MLflow: cannot open the store * (database or disk is full); "

@@ -15,6 +15,7 @@ import pytest
 from tracked import SCENARIOS, runs
 
 from harness.records import tracking
+from harness.records.mlflow import bounds
 from harness.records.tracking import MlflowSink
 
 # The user's own warnings filter still holds inside the test: only MLflow's calls are exempt.
@@ -100,7 +101,7 @@ def mlflow_failure(tmp_path, monkeypatch, failure: Exception) -> MlflowSink:
     def fails(uri, set_aside=None):
         raise failure
 
-    monkeypatch.setattr(tracking, "client", fails)
+    monkeypatch.setattr(bounds, "client", fails)  # where the sink looks it up
     sink = MlflowSink(tracking.default_uri(tmp_path), reports=tmp_path)
     assert sink.down
     return sink

@@ -144,8 +144,8 @@ def test_json_output_is_standard_json():
 
 def test_a_missing_baseline_names_the_file_and_how_to_make_one(tmp_path):
     path = tmp_path / "baselines" / "cpu_torch-2.13.0.json"
-    with pytest.raises(compare.MissingBaseline) as missing:
-        compare.read_baseline(path)
+    with pytest.raises(baseline.MissingBaseline) as missing:
+        baseline.read_baseline(path)
     assert str(path) in str(missing.value)
     assert f"amp-harness baseline save --baselines {path.parent}" in str(missing.value)
 
@@ -163,7 +163,7 @@ def test_a_malformed_baseline_names_the_file_the_field_and_the_fix(tmp_path, con
     path = tmp_path / "base.json"
     path.write_text(content)
     with pytest.raises(HarnessError) as error:
-        compare.read_baseline(path)
+        baseline.read_baseline(path)
     text = str(error.value)
     assert text.startswith(f"{path}: ") and message in text
     assert "amp-harness baseline save" in text
@@ -175,7 +175,7 @@ def test_a_baseline_nested_too_deeply_is_one_line_naming_the_file(tmp_path, open
     path = tmp_path / "deep.json"
     path.write_text(opening * 100_000)
     with pytest.raises(HarnessError) as error:
-        compare.read_baseline(path)
+        baseline.read_baseline(path)
     text = str(error.value)
     assert text == (
         f"{path}: nested too deeply to be a baseline (a baseline is 4 levels deep); "

@@ -241,7 +241,7 @@ def test_the_reports_comparison_rows_carry_the_attribution(monkeypatch, tmp_path
     last = summary(EPYC, "partly", depends=("bf16_rnn",), **SLOWER)
     monkeypatch.setattr(compare, "load", lambda spec, journal: ("session x", last))
     base = summary(XEON, **SEEDS)
-    monkeypatch.setattr(compare, "read_baseline", lambda given: base)
+    monkeypatch.setattr(baseline, "read_baseline", lambda given: base)
     rows = cli.report.baseline_comparison(tmp_path, str(path), tmp_path)
     assert [row["change"] for row in rows] == [
         "hardware",

@@ -34,6 +34,7 @@ from browser import (
 from sessions import CPU, GPU, log_session, make_record
 
 from harness.records import tracking
+from harness.records.mlflow import uris
 from harness.records.tracking import (
     BY_CLAIM,
     BY_ENVIRONMENT,
@@ -44,7 +45,7 @@ from harness.records.tracking import (
     ui_url,
     views,
 )
-from harness.reports import report
+from harness.reports import ledger, report
 
 REPO = Path(__file__).resolve().parents[2]
 needs_a_browser = [
@@ -133,7 +134,7 @@ def test_a_session_saves_the_views_and_the_report_links_the_first(two_environmen
     for key, value in views().items():
         assert experiment.tags[key] == value
     page = report.build(default_uri(two_environments), tmp_path / "report").read_text()
-    link = ui_url(report.EMBEDDED_UI, experiment.experiment_id).replace("&", "&amp;")
+    link = ui_url(ledger.EMBEDDED_UI, experiment.experiment_id).replace("&", "&amp;")
     words = "the test runs of every environment, by claim"
     assert f'<a href="{link}" rel="noreferrer">{words}</a>' in page
 
@@ -142,7 +143,7 @@ def test_a_server_that_refuses_the_views_keeps_the_session_and_links_the_runs_li
     tmp_path, monkeypatch
 ):
     too_long = {VIEW_TAG + BY_CLAIM: "x" * 20_001}  # over MLflow's limit: refused
-    monkeypatch.setattr(tracking, "views", lambda: too_long)
+    monkeypatch.setattr(uris, "views", lambda: too_long)  # where the sink looks it up
     sink = MlflowSink(default_uri(tmp_path / "reports"), reports=tmp_path / "reports")
     log_session(sink, CPU_FACTS, time.time(), [make_record("test_f.py::test_bits", ["FMT-BITS"])])
     assert sink.down is None

@@ -5,5 +5,6 @@
 - `atlas`: every listed op measured under autocast on the session's device: the dtype it
   computed in, its gradients' dtypes, held against the lists;
 - `compiled`: torch.compile's helpers for the compiled claims (a fresh compile, its count, the
-  upstream settings that restore eager's behaviour, inductor's cache under the reports folder).
+  upstream settings that restore eager's behaviour, inductor's cache under the reports folder);
+- `compiled_atlas`: the atlas's ops under torch.compile, each held against eager.
 """

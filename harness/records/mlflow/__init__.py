@@ -1,0 +1,14 @@
+"""MLflow's plumbing, a module a concern; `harness.records.tracking` is its face, which the rest
+of the harness imports. (Absolute imports only: inside this package, `mlflow` is still MLflow.)
+
+- `uris`: where the store is (the tracking URI, the embedded store), passwords taken out
+  (`redact`), the `amp-harness` command lines printed, the UI's links and saved views;
+- `bounds`: how long MLflow is waited for (Bounds, SESSION, COMMAND), MLflow's sender held to
+  them, the bounded client every reader and writer uses, and its failures said (Unavailable,
+  `reason`);
+- `locks`: the file locks beside a store and its journal (a new store's opening, one `sync` at a
+  time, a session that still runs);
+- `naming`: what a run is called and holds (its name, description, tags) and the points of a
+  long history MLflow gets;
+- `sink`: MlflowSink, one parent run per session and one child run per test, live and by `sync`.
+"""

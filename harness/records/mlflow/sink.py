@@ -1,0 +1,665 @@
+"""MLflow, downstream of the journal: one parent run per session, one child run per test.
+
+Every call is bounded (`bounds`) and the first failure turns the sink off for the rest of the
+session: results keep going to the journal, and `amp-harness sync` replays what MLflow lacks.
+Live logging and sync share one code path, keyed by the `amp.session_id` and `amp.record_id`
+tags, so replaying twice never duplicates a run.
+
+A child run counts as logged only once it is complete: it is created with `amp.complete=false`
+(MLflow creates a run before its metrics and files can be sent) and the tag turns `true` as the
+last call, after its metrics, artifacts and end. A run left half-made (a process killed in the
+middle, a call MLflow refused) is deleted by `sync` and its record logged afresh; the parent run
+of a session that never ended (its process killed) is ended by `sync` as KILLED, saying why.
+`sync` holds a lock beside the journal, and leaves alone the sessions that still run (each holds
+a lock of its own while it runs, `locks`), so neither another sync nor a live session logs a
+record twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from harness.catalogue import claims, verdicts
+from harness.common.errors import HarnessError
+from harness.records import journal_index
+from harness.records.journal import Journal, Session
+from harness.records.mlflow import bounds, uris
+from harness.records.mlflow.bounds import (
+    COMMAND,
+    SESSION,
+    Unavailable,
+    _fix,
+    _refused,
+    _unreachable,
+    advice,
+    foreign_warnings_ignored,
+    reason,
+)
+from harness.records.mlflow.locks import SYNC_LOCK, _locked, is_running
+from harness.records.mlflow.naming import (
+    _STATUS,
+    COMPLETE,
+    DOWNSAMPLED,
+    END_REASON,
+    EXIT_STATUS,
+    HISTORY_POINTS,
+    LEFT_OUT,
+    _clean,
+    _env_tags,
+    _session_status,
+    description,
+    downsampled,
+    mark_tags,
+    run_name,
+)
+from harness.records.mlflow.uris import (
+    _PLAIN_ID,
+    ARTIFACTS_NAME,
+    BY_CLAIM,
+    DB_NAME,
+    DEFAULT_EXPERIMENT,
+    EXPERIMENT_TAGS,
+    PASSWORD_LEFT_OUT,
+    command_line,
+    redact,
+    sqlite_path,
+    ui_url,
+)
+from harness.records.record import Record
+
+log = logging.getLogger(__name__)
+
+_PAGE = 5000  # runs per search call
+
+
+def _check_writable(store: Path | None) -> None:
+    """A writer's embedded store must be writable, and its folder (SQLite writes its journal
+    beside it): else MLflow logs a traceback for each refused write, or, for a store it has to
+    make, retries for minutes before it gives up. A HarnessError says which folder."""
+    if store is None:
+        return
+    folder = next(p for p in (store.parent, *store.parents) if p.exists())
+    for path in (folder, store) if store.exists() else (folder,):
+        if not os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids):
+            raise HarnessError(f"cannot write the store {store}: {path} is read-only")
+
+
+class MlflowSink:
+    """Writes journal entries to MLflow; after the first failure it stays off (`down` says why,
+    `recovery()` what to run). A single result MLflow refuses is listed in `refused` instead."""
+
+    def __init__(self, uri: str, experiment: str = DEFAULT_EXPERIMENT, reports: Path | None = None):
+        self.uri = uri
+        self.label = redact(uri)  # what is printed: never the password
+        self.experiment = experiment
+        self.reports = Path(reports).resolve() if reports else None
+        self.store = sqlite_path(uri)
+        # Artifacts of the embedded store live beside it; a server decides its own.
+        self._artifact_root = (
+            (self.reports / ARTIFACTS_NAME).as_uri() if self.reports and self.store else None
+        )
+        self.down: str | None = None
+        self.unreachable = False  # whether `down` is what waiting for the server fixes
+        self.unavailable: Unavailable | None = None  # a server that gave no answer: down, slow
+        self.fix = ""  # what to fix (_fix), where `down` is neither a HarnessError nor waiting
+        self.refused: list[str] = []  # "<test>: <why>" for each result MLflow refused
+        self.notes: list[str] = []  # what was done to the store on the way (a moved store)
+        self._downsampled: list[str] = []  # "<test> (<history>: <steps> steps, ...)"
+        self._downsampled_note: int | None = None  # where in `notes` they are said
+        set_aside: list[str] = []
+        self.client = None
+        try:
+            _check_writable(self.store)
+            self.client = bounds.client(uri, set_aside)
+            self.client.bounds = SESSION  # the tests wait on a session's calls; `sync`: COMMAND
+            self.notes += [f"{text}; {self._sync_command()} fills it from the journal"
+                           for text in set_aside]  # fmt: skip
+        except HarnessError as exc:  # the session goes on, on the journal alone
+            self._stop(str(exc))
+        except Exception as exc:  # noqa: BLE001 - a damaged, locked or full store, a bad server
+            # Opening the store is the first MLflow call of a session: it must not stop it.
+            where = f"the store {self.store}" if self.store else f"MLflow at {self.label}"
+            self._stop(f"cannot open {where} ({reason(exc)})", exc)
+        self._experiment_id: str | None = None
+        self._views_saved = False  # the experiment holds views(): links open BY_CLAIM
+        self._parents: dict[str, str] = {}  # session id -> parent run id
+
+    def _stop(self, down: str, exc: Exception | None = None) -> None:
+        """MLflow off for the rest of the session, for `down` (caused by `exc`)."""
+        self.down = down
+        if exc is not None:
+            self.unreachable = _unreachable(exc)
+            self.unavailable = exc if isinstance(exc, Unavailable) else None
+            self.fix = _fix(exc)
+        log.info("MLflow at %s: %s", self.label, down)
+
+    def _sync_command(self) -> str:
+        """`amp-harness sync ...` for this store and journal, quoted, without the password."""
+        command = ["amp-harness", "sync"]
+        if self.reports:
+            command += ["--reports", str(self.reports)]
+        return f"`{shlex.join([*command, '--tracking-uri', self.label])}`"
+
+    def recovery(self) -> str:
+        """What to do, for the reason in `down`, so that MLflow gets what the journal holds."""
+        sync = self._sync_command()
+        why = (self.down or "").lower()
+        if self.store and any(s in why for s in ("not a database", "malformed", "encrypted")):
+            aside = shlex.join(["mv", str(self.store), f"{self.store}.broken"])
+            return (
+                f"move the damaged store aside (`{aside}`), then {sync} rebuilds it from the "
+                "journal"
+            )
+        if self.store and "read-only" in why:
+            return (
+                "make it writable (or copy the reports folder to one you can write in and pass "
+                f"--reports there), then run {sync}"
+            )
+        if self.store and "locked" in why:
+            return f"another process holds the store locked: once it lets go, run {sync}"
+        if self.store and any(s in why for s in ("full", "no space")):
+            return f"free space on the disk of {self.store.parent}, then run {sync}"
+        if self.unavailable:
+            fix = advice(self.unavailable.condition, self.unavailable.read)
+            text = f"{fix}; then {sync} sends MLflow what it lacks"
+            if self.unavailable.condition == "slow":  # sync waits longer than a session
+                text += f", waiting up to {COMMAND.in_force().read:g} s an answer"
+        elif self.unreachable:
+            text = f"once MLflow is reachable, run {sync}"
+        elif self.fix:
+            text = f"it is no connection problem: {self.fix}, then run {sync}"
+        else:  # a HarnessError of ours (MLflow not installed): `down` says what to do
+            text = f"once that is done, run {sync}"
+        if self.label != self.uri:
+            text += f" ({PASSWORD_LEFT_OUT})"
+        return text
+
+    def browse(self) -> str:
+        """Where a person browses the runs: the server's page of the experiment (its test runs
+        by claim, BY_CLAIM, where the experiment holds the view), `amp-harness ui` for a store it
+        serves (a folder's mlflow.db), else `mlflow ui` on the store."""
+        if urlparse(self.uri).scheme in ("http", "https"):
+            view = BY_CLAIM if self._views_saved else None
+            page = (
+                ui_url(self.label, self._experiment_id, view=view)
+                if self._experiment_id
+                else self.label
+            )
+            return f"browse at {page}"
+        if self.store is not None and self.store.name == DB_NAME:
+            return f"browse with {command_line('ui', reports=self.store.parent)}"
+        return f"browse with `{shlex.join(['mlflow', 'ui', '--backend-store-uri', self.label])}`"
+
+    def _guard(self, what: str, call, *args, refusable: bool = False, **kwargs):
+        if self.down:
+            return None
+        started = time.monotonic()
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:  # any failure: keep going on the journal alone
+            if refusable and _refused(exc):  # MLflow answered: the next result may be fine
+                self.refused.append(f"{what}: {reason(exc)}")
+                return None
+            self._stop(f"{what} failed after {time.monotonic() - started:.1f} s ({reason(exc)})",
+                       exc)  # fmt: skip
+            return None
+
+    def experiment_id(self) -> str:
+        """The experiment's id, created on first use: its artifacts beside the embedded store
+        (reports/mlartifacts, not MLflow's ./mlruns), tagged EXPERIMENT_TAGS, following a moved
+        store."""
+        if self._experiment_id is None:
+            found = self.client.get_experiment_by_name(self.experiment)
+            if found is None:
+                try:
+                    self._experiment_id = self.client.create_experiment(
+                        self.experiment, self._artifact_root, tags=EXPERIMENT_TAGS
+                    )
+                    self._save_views({})
+                    return self._experiment_id
+                except Exception:
+                    # Another session created it meanwhile (two first sessions on one store).
+                    found = self.client.get_experiment_by_name(self.experiment)
+                    if found is None:
+                        raise
+            found = self._follow_moved_store(found)
+            for key, value in EXPERIMENT_TAGS.items():  # stores made before the tag existed
+                if found.tags.get(key) != value:
+                    self.client.set_experiment_tag(found.experiment_id, key, value)
+            self._experiment_id = found.experiment_id
+            self._save_views(found.tags)
+        return self._experiment_id
+
+    def _save_views(self, present: dict[str, str]) -> None:
+        """Save the harness's views (views()) in the experiment where it lacks them or holds
+        older ones. A server that refuses one (an older MLflow's shorter tags) keeps the session
+        going: its links open the runs list without the view, and a note says so."""
+        try:
+            for key, value in uris.views().items():
+                if present.get(key) != value:
+                    self.client.set_experiment_tag(self._experiment_id, key, value)
+        except Exception as exc:
+            if not _refused(exc):
+                raise
+            self.notes.append(f"MLflow refused the saved views of the runs ({reason(exc)}): "
+                              "its links open the runs list as MLflow shows it")  # fmt: skip
+            return
+        self._views_saved = True
+
+    def _follow_moved_store(self, experiment):
+        """The embedded store moved (or was copied) with its reports folder: its experiments
+        still name the old folder's mlartifacts/, fixed by MLflow when each was created, and
+        every new run would write its artifacts there. MLflow has no call to change an
+        experiment's artifact location, so the store's paths are rewritten, old runs' included,
+        to the mlartifacts/ beside the store, where their files moved with it."""
+        if not self._artifact_root or self.store != self.reports / DB_NAME:
+            return experiment  # a server, or a store of its own named with --tracking-uri
+        old = experiment.artifact_location
+        old_path = Path(unquote(urlparse(old).path)) if old.startswith("file:") else None
+        new_path = self.reports / ARTIFACTS_NAME
+        if old_path is None or old_path.name != ARTIFACTS_NAME:
+            return experiment  # made by hand, elsewhere: not the harness's layout
+        if old_path.resolve() == new_path.resolve():
+            return experiment
+        if old_path.exists() and not new_path.exists():
+            # The store was copied without its artifacts: they are still only at the old path.
+            self.notes.append(
+                f"the experiment {self.experiment!r} keeps its artifacts in {old_path}, outside "
+                f"{self.reports}: copy that folder to {new_path} for them to move here"
+            )
+            return experiment
+        runs = _rebase(self.store, old, self._artifact_root)
+        self.notes.append(
+            f"the store moved from {old_path.parent} to {self.reports}: the artifact paths of "
+            f"its experiments and {runs} runs now point into {new_path}"
+        )
+        return self.client.get_experiment(experiment.experiment_id)
+
+    def _session_runs(self, session_id: str) -> list:
+        """Every active run of the session, parent and children."""
+        query = f"tags.`amp.session_id` = '{session_id}'" if _PLAIN_ID.fullmatch(session_id) else ""
+        found = search_runs(self.client, self.experiment_id(), query)
+        return [r for r in found if r.data.tags.get("amp.session_id") == session_id]
+
+    def _parent(self, session: dict) -> str:
+        sid = session["session_id"]
+        if sid not in self._parents:
+            found = main_parent(self._session_runs(sid))
+            self._parents[sid] = found.info.run_id if found else self._create_parent(session)
+        return self._parents[sid]
+
+    def _create_parent(self, session: dict) -> str:
+        tags = {
+            "mlflow.runName": session["name"],
+            "amp.kind": "session",
+            "amp.session_id": session["session_id"],
+            "amp.args": " ".join(session["args"]),
+            **_env_tags(session),
+            **mark_tags(session),
+        }
+        if journal_index.REBUILT in session:  # its entry was lost: said where the run is read
+            tags["amp.rebuilt"] = session[journal_index.REBUILT]
+        # _clean redacts again: a journal written before a form of password was known keeps it.
+        run = self.client.create_run(
+            self.experiment_id(), int(session["started"] * 1000), _clean(tags)
+        )
+        return run.info.run_id
+
+    def parent_run_id(self, session: dict) -> str | None:
+        """The session's parent run, once created (pytest-xdist workers log under it)."""
+        return self._parents.get(session["session_id"])
+
+    def adopt_parent(self, session: dict, run_id: str) -> None:
+        self._parents[session["session_id"]] = run_id
+
+    def start_session(self, session: dict) -> None:
+        self._guard("creating the session run", self._parent, session)
+
+    def log_record(self, session: dict, record: Record) -> None:
+        self._guard(f"logging {record.test}", self._log_record, session, record, refusable=True)
+
+    def mark_session(self, session: dict, present: list | None = None) -> int | None:
+        """Tag the runs of the session (`present`: as read already; else looked up) with its
+        mark (mark_tags) where they lack it: how many runs were tagged; None where MLflow is
+        down (`down` says why)."""
+        return self._guard("tagging the session's runs with its mark", self._mark_runs,
+                           session, present)  # fmt: skip
+
+    def _mark_runs(self, session: dict, present: list | None) -> int:
+        from mlflow.entities import RunTag
+
+        tags = _clean(mark_tags(session))
+        if present is None:  # never an experiment made only to be searched
+            found = self.client.get_experiment_by_name(self.experiment)
+            present = self._session_runs(session["session_id"]) if found else []
+        stale = [run for run in present if any(run.data.tags.get(k) != v for k, v in tags.items())]
+        for run in stale:
+            self.client.log_batch(run.info.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        return len(stale)
+
+    def end_session(self, session: dict, end: dict) -> None:
+        self._guard("ending the session run", self._end_session, session, end)
+        self._guard("deleting runs made twice", self._drop_copies, session["session_id"])
+
+    def _drop_copies(self, session_id: str) -> int:
+        """Delete the runs of the session made twice: MLflow's client sends a request again
+        when the answer was a 500 or did not come in time, also a request the server has
+        already carried out (runs/create: a second parent run, left RUNNING for ever, or a
+        second child run, left half-logged). The copy kept of each: the parent run the session
+        logged under; for a test, its complete run (under that parent where there are several).
+        What is deleted says why (the tag amp.end_reason), and MLflow can restore it."""
+        present = self._session_runs(session_id)
+        main = main_parent(present)
+        parent = self._parents.get(session_id) or (main.info.run_id if main else None)
+        copies = [
+            r for r in present
+            if r.data.tags.get("amp.kind") == "session" and r.info.run_id != parent
+        ]  # fmt: skip
+        by_record: dict[str, list] = {}
+        for run in present:
+            if run.data.tags.get("amp.kind") == "test":
+                by_record.setdefault(run.data.tags.get("amp.record_id"), []).append(run)
+        for runs in by_record.values():
+            if len(runs) > 1 and any(_complete(r) for r in runs):
+                under = [r.data.tags.get("mlflow.parentRunId") == parent for r in runs]
+                kept = max(range(len(runs)), key=lambda i: (_complete(runs[i]), under[i]))
+                copies += runs[:kept] + runs[kept + 1 :]
+        for run in copies:
+            kept_id = parent if run.data.tags.get("amp.kind") == "session" else "another run"
+            self.client.set_tag(run.info.run_id, END_REASON, (
+                f"deleted by amp-harness: a copy of {kept_id}, made when MLflow's client sent "
+                "its request again after the server had carried it out"))  # fmt: skip
+            self.client.delete_run(run.info.run_id)
+        return len(copies)
+
+    def _log_record(self, session: dict, record: Record) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        parent = self._parent(session)
+        found = verdicts.of_record(record)  # each claim's status, as it counts
+        tags = {
+            "mlflow.parentRunId": parent,
+            "mlflow.runName": run_name(record, found),
+            "mlflow.note.content": description(record, found),
+            "amp.kind": "test",
+            "amp.session_id": session["session_id"],
+            "amp.record_id": record.record_id,
+            "amp.test": record.test,
+            COMPLETE: "false",
+            "claims": ",".join(record.claims),
+            "outcome": record.outcome,
+            "outcome.message": record.message,
+            **_env_tags(session),
+            **mark_tags(session),
+        }
+        known = claims.catalogue()
+        for v in record.verdicts.values():
+            tags[f"verdict.{v.claim}"] = v.verdict  # as recorded, before the outcome was known
+            tags[f"evidence.{v.claim}"] = v.evidence
+            if v.claim in known:  # where the claim comes from: the article, a paper, a team
+                tags[f"source.{v.claim}"] = known[v.claim].source
+        for claim, status in found.items():
+            tags[f"status.{claim}"] = status.label  # what counts: "failed (was: partly)", ...
+        sent = {name: downsampled(values) for name, values in record.histories.items()}
+        cut = {name: len(record.histories[name]) for name, points in sent.items()
+               if len(points) < len(record.histories[name])}  # fmt: skip
+        if cut:
+            tags[DOWNSAMPLED] = ", ".join(f"{name} ({n:,} steps)" for name, n in cut.items())
+        run_id = self.client.create_run(
+            self.experiment_id(), int(record.started * 1000), _clean(tags)
+        ).info.run_id
+        try:
+            stamp = int(record.ended * 1000)
+            metrics = [Metric(k, v, stamp, 0) for k, v in record.metrics.items()]
+            metrics += [
+                Metric(k, v, stamp, step) for k, points in sent.items() for step, v in points
+            ]
+            params = [Param(k, v) for k, v in {**record.params, "device": record.device}.items()]
+            self.client.log_text(
+                run_id, redact(json.dumps(record.to_dict(), indent=1)), "record.json"
+            )
+            for name in record.figures:
+                path = record.artifact_dir / name
+                if path.exists():
+                    self.client.log_artifact(run_id, str(path), "figures")
+                else:
+                    log.warning("%s: figure %s is gone; not logged", record.test, path)
+            self.client.set_terminated(run_id, _STATUS[record.outcome], stamp)
+            # One call for every metric and history of the test (per-step calls cost ~40x more)
+            # and, last, the completion tag: MLflow writes a batch's tags after its params and
+            # metrics. A batch MLflow's client would split (tags go with the first part) ends
+            # with a call of its own for the tag.
+            done = [RunTag(COMPLETE, "true")]  # the run counts from here on
+            if _one_batch(metrics, params, done):
+                self.client.log_batch(run_id, metrics=metrics, params=params, tags=done)
+            else:
+                self.client.log_batch(run_id, metrics=metrics, params=params)
+                self.client.log_batch(run_id, tags=done)
+        except Exception as exc:
+            if _refused(exc):  # MLflow answered and said no: no half run left to look complete
+                with contextlib.suppress(Exception):
+                    self.client.delete_run(run_id)
+            raise
+        if cut:
+            self._note_downsampled(record.test, cut)
+
+    def _note_downsampled(self, test: str, cut: dict[str, int]) -> None:
+        """One line in `notes` for every test whose histories MLflow got fewer points of."""
+        self._downsampled.append(
+            f"{test} ({', '.join(f'{name}: {steps:,} steps' for name, steps in cut.items())})"
+        )
+        shown = "; ".join(self._downsampled[:3])
+        more = len(self._downsampled) - 3
+        note = (
+            f"histories longer than {HISTORY_POINTS:,} steps went to MLflow as at most "
+            f"{HISTORY_POINTS:,} points each (the first and last step, and each stretch's highest "
+            f"and lowest value; tag {DOWNSAMPLED}), whole in the run's record.json: {shown}"
+            + (f"; and {more} more tests" if more > 0 else "")
+        )
+        if self._downsampled_note is None:
+            self._downsampled_note = len(self.notes)
+            self.notes.append(note)
+        else:
+            self.notes[self._downsampled_note] = note
+
+    def _end_session(self, session: dict, end: dict) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        parent = self._parent(session)
+        run = self.client.get_run(parent)
+        ended_by_sync = END_REASON in run.data.tags  # a copy of the journal lacked this end
+        if run.info.status != "RUNNING" and not ended_by_sync:
+            return  # already ended, by the live session or an earlier sync
+        stamp = int(end["ended"] * 1000)
+        counts = [Metric(f"tests.{k}", v, stamp, 0) for k, v in end["counts"].items()]
+        # What the session did not run (-k, modules left out): the report's "incomplete".
+        tags = {EXIT_STATUS: str(end["exitstatus"])}
+        if end.get("left_out"):
+            tags[LEFT_OUT] = "; ".join(end["left_out"])
+        tags = [RunTag(k, v) for k, v in _clean(tags).items()]
+        self.client.log_batch(parent, metrics=counts, tags=tags)
+        self.client.set_terminated(parent, _session_status(end["exitstatus"]), stamp)
+        if ended_by_sync:
+            self.client.delete_tag(parent, END_REASON)
+
+    def _end_unfinished(self, session: Session) -> bool:
+        """A session whose journal has no end, and which no longer runs: its process was killed
+        or crashed. Its parent run is ended as KILLED, with the reason as a tag."""
+        parent = self._parent(session.entry)
+        if self.client.get_run(parent).info.status != "RUNNING":
+            return False
+        last = max([r.ended for r in session.records] + [session.entry["started"]])
+        reason = (
+            "ended by `amp-harness sync`: the journal has no end for this session (its process "
+            f"was killed or crashed) after {len(session.records)} results"
+        )
+        self.client.set_tag(parent, END_REASON, reason)
+        self.client.set_terminated(parent, "KILLED", int(last * 1000))
+        return True
+
+    def sync(self, journal: Journal, on_wait: Callable[[], None] | None = None) -> dict[str, int]:
+        """Send MLflow what the journal has and MLflow lacks; idempotent. One sync at a time
+        per journal (`on_wait` is called when it has to wait for another one)."""
+        counts = dict.fromkeys(
+            ("sessions", "records_sent", "records_present", "records_replaced",
+             "records_refused", "sessions_killed", "sessions_running", "copies_deleted",
+             "runs_marked"), 0,
+        )  # fmt: skip
+        folder = journal.path.parent
+        if self.client is not None:  # a command: waiting for a busy server is what it is for
+            self.client.bounds = COMMAND
+        if self.client is not None and self.store is not None:
+            _commit_without_fsync(self.client)
+        with _locked(folder / SYNC_LOCK, on_wait):
+            for sid, session in journal.sessions().items():
+                if is_running(folder, sid):  # its own process logs it; its end is to come
+                    counts["sessions_running"] += 1
+                    continue
+                present = self._guard("reading the runs already logged", self._session_runs, sid)
+                if present is None:
+                    break
+                counts["sessions"] += 1
+                self._sync_session(session, present, counts)
+                if self.down:
+                    break
+        if self.down:
+            raise HarnessError(
+                f"sync stopped: MLflow at {self.label}: {self.down}. Fix: {self.recovery()}"
+            )
+        return counts
+
+    def _sync_session(self, session: Session, present: list, counts: dict[str, int]) -> None:
+        main = main_parent(present)
+        if main:
+            self._parents[session.entry["session_id"]] = main.info.run_id
+        journalled = {r.record_id for r in session.records}
+        complete: set[str] = set()
+        half: list = []
+        for run in present:
+            if run.data.tags.get("amp.kind") != "test":
+                continue
+            record_id = run.data.tags.get("amp.record_id")
+            if _complete(run):
+                complete.add(record_id)
+            elif record_id in journalled:  # the journal holds all of it: log it afresh
+                half.append(run)
+        sent = False
+        for run in half:
+            self._guard("deleting a half-logged run", self.client.delete_run, run.info.run_id)
+            if self.down:
+                return
+        # Marked since these runs were logged (`amp-harness sessions mark`, MLflow unreachable)
+        counts["runs_marked"] += self.mark_session(session.entry, [
+            r for r in present if r not in half]) or 0  # fmt: skip
+        if self.down:
+            return
+        counts["records_replaced"] += len({r.data.tags["amp.record_id"] for r in half} - complete)
+        for record in session.records:
+            if record.record_id in complete:
+                counts["records_present"] += 1
+                continue
+            refused, sent = len(self.refused), True
+            self.log_record(session.entry, record)
+            if self.down:
+                return
+            counts["records_refused" if len(self.refused) > refused else "records_sent"] += 1
+        if session.end:
+            self._guard("ending the session run", self._end_session, session.entry, session.end)
+        elif self._guard("ending an unfinished session run", self._end_unfinished, session):
+            counts["sessions_killed"] += 1
+        sid = session.entry["session_id"]
+        if sent or _has_copies(present):  # what this sync sent may have been made twice too
+            counts["copies_deleted"] += self._guard("deleting runs made twice",
+                                                    self._drop_copies, sid) or 0  # fmt: skip
+
+
+def search_runs(client, experiment_id: str, query: str = "") -> list:
+    """Every run of the experiment that `query` selects, page by page."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], query, max_results=_PAGE, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _commit_without_fsync(mlflow_client) -> None:
+    """This process's commits to the embedded SQLite store, without SQLite's fsync of each.
+
+    Every MLflow call is a transaction, and SQLite makes each durable with an fsync: 8 of them a
+    record, 70% of the time `sync` took to rebuild a store (8 records a second on a laptop's
+    disk; 35 without). What `sync` writes is durable already, in the journal: a crash of the
+    process leaves the store whole (SQLite's journal still rolls back), and the rarer loss of
+    the machine in the middle of a sync can leave it damaged, which says so and is rebuilt from
+    the journal the same way. Sessions, which write each result once, keep the fsync."""
+    from sqlalchemy import event
+
+    engine = getattr(mlflow_client._tracking_client.store, "engine", None)
+    if engine is not None and not event.contains(engine, "connect", _no_fsync):
+        with foreign_warnings_ignored():
+            event.listen(engine, "connect", _no_fsync)
+            engine.dispose()  # the pooled connections reopen with it
+
+
+def _no_fsync(connection, _record) -> None:
+    connection.execute("PRAGMA synchronous=OFF")
+
+
+def main_parent(runs: list):
+    """The session's parent run among `runs`, or None: where a retried runs/create made two,
+    the one its tests were logged under (then one that ended, then the first made)."""
+    parents = [r for r in runs if r.data.tags.get("amp.kind") == "session"]
+    under = [r.data.tags.get("mlflow.parentRunId") for r in runs]
+    return min(parents, default=None, key=lambda r: (
+        -under.count(r.info.run_id), r.info.status == "RUNNING", r.info.start_time))  # fmt: skip
+
+
+def _has_copies(runs: list) -> bool:
+    """Whether `runs`, one session's, hold two parent runs or two runs of one record."""
+    keys = [r.data.tags.get("amp.record_id") or r.data.tags.get("amp.kind") for r in runs]
+    return len(keys) != len(set(keys))
+
+
+def _one_batch(metrics: list, params: list, tags: list) -> bool:
+    """Whether MLflow's client sends this log_batch as one request (it splits a larger one)."""
+    from mlflow.utils import validation as limits
+
+    return (
+        len(metrics) <= limits.MAX_METRICS_PER_BATCH
+        and len(params) + len(tags) <= limits.MAX_PARAMS_TAGS_PER_BATCH
+        and len(metrics) + len(params) + len(tags) <= limits.MAX_ENTITIES_PER_BATCH
+    )
+
+
+def _complete(run) -> bool:
+    """Whether a child run holds its whole record. Runs logged before the completion tag
+    existed count when they ended: their end was their last call."""
+    tag = run.data.tags.get(COMPLETE)
+    return tag == "true" if tag is not None else run.info.status != "RUNNING"
+
+
+def _rebase(store: Path, old: str, new: str) -> int:
+    """Rewrite the artifact locations under `old` to `new` in the SQLite store; the number of
+    runs moved. MLflow's schema: experiments.artifact_location, runs.artifact_uri."""
+    cut = len(old) + 1
+    with contextlib.closing(sqlite3.connect(store, timeout=20)) as db, db:
+        db.execute(
+            "UPDATE experiments SET artifact_location = ? || substr(artifact_location, ?) "
+            "WHERE artifact_location = ? OR substr(artifact_location, 1, ?) = ?",
+            (new, cut, old, cut, old + "/"),
+        )
+        return db.execute(
+            "UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) "
+            "WHERE substr(artifact_uri, 1, ?) = ?",
+            (new, cut, cut, old + "/"),
+        ).rowcount
