@@ -136,6 +136,9 @@ CASES = [
 def test_a_broken_capability_fails_the_scenarios_that_need_it(
     run_scenario, pytester, monkeypatch, reprobe, capability, module, select, tests, claims, saw
 ):
+    expected, why_not = devices.probe("cpu").expectation(capability)
+    if expected is None:  # e.g. oneDNN held below what the silicon reaches: nothing to regress
+        pytest.skip(f"{capability} is not expected of this machine's CPU: {why_not}")
     BREAKS[capability](monkeypatch)
     devices.probe.cache_clear()
     result = run_scenario(module, *(["-k", select] if select else []))
@@ -224,6 +227,25 @@ def test_a_torch_older_than_the_feature_skips_naming_both_releases(monkeypatch):
     monkeypatch.setattr(torch, "__version__", "2.4.1+cpu")
     broken = DeviceInfo("cpu", "cpu", 0, None, {"fp16_autocast": Probe(False, "it warned")})
     assert broken.missing("fp16_autocast").regression
+
+
+@pytest.mark.parametrize(
+    "silicon, onednn, regression",
+    [("amx", "sse41", False), ("avx512-fp16", "avx512-bf16", False),  # held below its fp16
+     ("avx2", "sse41", True), ("amx", "amx", True), ("amx", "avx512-fp16", True)],
+)  # fmt: skip
+def test_cpu_scaled_mm_is_not_expected_held_below_the_fp16_level_its_silicon_has(
+    monkeypatch, silicon, onednn, regression
+):
+    """The one CPU capability held to the silicon as well as to oneDNN's level: measured to fail
+    on an AVX512-FP16 Xeon held lower, to run on an AVX2 EPYC held to sse41."""
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    broken = {"fp8_scaled_mm": Probe(False, "could not create a primitive descriptor")}
+    cpu = DeviceInfo("cpu", "cpu", 0, None, broken, onednn_level=onednn, silicon_level=silicon)
+    lack = cpu.missing("fp8_scaled_mm")
+    assert lack.regression is regression, lack.reason
+    if not regression:
+        assert f"oneDNN is held at {onednn} on a CPU that reaches avx512-fp16" in lack.reason
 
 
 def test_tf32_is_never_expected_of_the_cpu():

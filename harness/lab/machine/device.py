@@ -67,6 +67,7 @@ class DeviceInfo:
     capabilities: dict[str, Probe] = field(default_factory=dict, hash=False)  # hashable: a key
     figures: GpuFigures | None = None  # a GPU's variant figures (gpus.identify); None on the CPU
     onednn_level: str = ""  # the CPU kernel level oneDNN runs at (machine.levels), read back
+    silicon_level: str = ""  # the highest level the CPU's instruction sets reach
     team: dict[str, Capability] = field(default_factory=dict, hash=False)  # a team's, by name
 
     @property
@@ -127,7 +128,7 @@ class DeviceInfo:
         if seen is not None and seen.absent:
             why = "this machine lacks what it is built with"
             return Lack(need, f"needs {text}: {why} ({saw})", why=why)
-        expected, why_not = self._expectation(need)
+        expected, why_not = self.expectation(need)
         if expected is None:
             return Lack(need, f"needs {text}: {why_not} ({saw})", why=why_not)
         what = "the probe raised" if seen and seen.raised else "the probe says no"
@@ -153,14 +154,14 @@ class DeviceInfo:
         if team is None:
             return (self.type, need) in table.HARDWARE_CAPABILITIES
         row = team.expected.get(self.type)
-        return row is not None and bool(row.cc or row.cpu)
+        return row is not None and bool(row.cc or row.cpu or row.unheld_from)
 
     def _text(self, need: str) -> str | None:
         """What `need` is, in words: a built-in capability's, or a team's; None if unknown."""
         team = self.team.get(need)
         return team.text if team else table.CAPABILITY_TEXT.get(need)
 
-    def _expectation(self, need: str) -> tuple[Expected | None, str]:
+    def expectation(self, need: str) -> tuple[Expected | None, str]:
         """(what EXPECTED, or the team's declaration, says of `need` here, or None with why it
         is not expected)."""
         team = self.team.get(need)
@@ -187,7 +188,17 @@ class DeviceInfo:
                 f"oneDNN runs at {self.onednn_level or 'an unknown level'} on this CPU, below "
                 f"{expected.cpu}"
             )
+        if self._held_below(expected.unheld_from):
+            return None, (
+                f"oneDNN is held at {self.onednn_level} on a CPU that reaches "
+                f"{expected.unheld_from}, where it is not expected: measured {expected.held}"
+            )
         return expected, ""
+
+    def _held_below(self, level: str | None) -> bool:
+        """Whether oneDNN runs below `level` on a CPU whose silicon reaches it."""
+        reached = level_rank(self.silicon_level) >= level_rank(level or "")
+        return level is not None and reached and level_rank(self.onednn_level) < level_rank(level)
 
     def datasheet(self) -> Identified | None:
         """This GPU's entry in harness/lab/machine/gpus.json, with how sure that is; None on the
@@ -234,7 +245,10 @@ def probe(device_type: str) -> DeviceInfo:
             "(torch.cuda.is_bf16_supported says no native support)",
         )
     figures = gpu.gpu_figures(0) if device_type == "cuda" else None
-    return DeviceInfo(device_type, name, gpu_count, cc, caps, figures, kernels["onednn_level"])
+    silicon = cpu.best_level(cpu.instructions())
+    return DeviceInfo(
+        device_type, name, gpu_count, cc, caps, figures, kernels["onednn_level"], silicon
+    )
 
 
 def resolve(choice: str, option: str = "--amp-device") -> DeviceInfo:
