@@ -100,8 +100,8 @@ class _Attributed:
         return f"{self.what()} -- {self.attribution.why}"
 
     def claims_changed(self) -> tuple[str, ...]:
-        claim = getattr(self, "claim", None)
-        return (claim,) if claim else getattr(self, "claims", ())
+        """The claims the change is reported against."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,9 @@ class VerdictChange(_Attributed):
     evidence_after: str
     attribution: Attribution
     stands: tuple[bool, bool] = (True, True)  # whether A's and B's verdict stand
+
+    def claims_changed(self) -> tuple[str, ...]:
+        return (self.claim,)
 
     def what(self) -> str:
         return (
@@ -134,6 +137,9 @@ class MetricChange(_Attributed):
     flagged: bool
     attribution: Attribution
     note: str = ""
+
+    def claims_changed(self) -> tuple[str, ...]:
+        return self.claims
 
     def what(self) -> str:
         why = (
@@ -157,6 +163,9 @@ class LostDecision(_Attributed):
     after: str  # the second's: "skipped", "failed", "capability regression" or "missing"
     evidence: str
     attribution: Attribution
+
+    def claims_changed(self) -> tuple[str, ...]:
+        return (self.claim,)
 
     def what(self) -> str:
         return f"{self.claim}: decided ({self.before}) before, {self.after} now: {self.evidence}"

@@ -66,12 +66,21 @@ class Sorter:
     accepted: Iterable[Entry] = ()
     today: datetime.date = field(default_factory=datetime.date.today)
     documented_tests: set[str] = field(default_factory=set)  # atlas tests whose docs moved
-    _matched: dict[Entry, list[str]] = field(default_factory=dict)
+    _matched: dict[Entry, list[str]] = field(default_factory=dict, init=False)
+    _lost: str = field(
+        default="", init=False
+    )  # the capabilities A's release has and B's lacks, in words
 
     def __post_init__(self) -> None:
         torch_a, torch_b = (environments.fact(f, "torch") for f in (self.facts_a, self.facts_b))
         hardware_class = environments.hardware_class(self.facts_b)
         self.accepted = [e for e in self.accepted if e.covers(torch_a, torch_b, hardware_class)]
+        lost = _lost_capabilities(self.facts_a, self.facts_b) if torch_a != torch_b else []
+        if lost:
+            self._lost = (
+                f"torch {torch_b} lacks what torch {torch_a} has ({', '.join(lost)}): the "
+                "harness expects it only from another release, so its tests skip"
+            )
 
     def sort(
         self,
@@ -91,40 +100,23 @@ class Sorter:
         regression)."""
         claims = tuple(claims)
         known = self._known(claims, test, metric) if held else []
-        if skipped and self.lost_capabilities():
-            lost = ", ".join(self.lost_capabilities())
-            known.append(
-                f"torch {environments.fact(self.facts_b, 'torch')} lacks what torch "
-                f"{environments.fact(self.facts_a, 'torch')} has ({lost}): the harness expects "
-                "it only from another release, so its tests skip"
-            )
+        if skipped and self._lost:
+            known.append(self._lost)
+        covering = [e for e in self.accepted if e.matches(claims, metric)]
+        current = [e for e in covering if not self._expired(e)]
+        expired = [e for e in covering if self._expired(e)]
         sorted_out = self._kind(found, known, gained)
-        entry = None
-        if sorted_out is None:
-            entry = next((e for e in self._covering(claims, metric) if not self._expired(e)), None)
-        if entry is not None:
+        if sorted_out is None and current:
+            entry = current[0]
             sorted_out = Attribution(ACCEPTED, f"accepted in {entry.where} by {entry.terms()}")
         if sorted_out is None:
-            expired = [e for e in self._covering(claims, metric) if self._expired(e)]
             sorted_out = Attribution(
                 UNEXPLAINED,
                 found.why + "".join(f"; {e.where} accepted it until {e.expires}" for e in expired),
             )
-        for covering in self._covering(claims, metric):
-            self._matched.setdefault(covering, []).append(sorted_out.kind)
+        for entry in covering:
+            self._matched.setdefault(entry, []).append(sorted_out.kind)
         return sorted_out
-
-    def lost_capabilities(self) -> list[str]:
-        """The capabilities A's release has and B's lacks, where the releases differ."""
-        torch_a, torch_b = (environments.fact(f, "torch") for f in (self.facts_a, self.facts_b))
-        if torch_a == torch_b:
-            return []
-        had = environments.capabilities(self.facts_a)
-        return sorted(
-            name.removeprefix(environments.CAPABILITY)
-            for name, seen in had.items()
-            if seen == "yes" and environments.fact(self.facts_b, name) != "yes"
-        )
 
     def _known(self, claims: tuple[str, ...], test: str, metric: str | None) -> list[str]:
         """The known changes between the releases that predict this change, in words."""
@@ -149,9 +141,6 @@ class Sorter:
             )
         return None
 
-    def _covering(self, claims: tuple[str, ...], metric: str | None) -> list[Entry]:
-        return [e for e in self.accepted if e.matches(claims, metric)]
-
     def _expired(self, entry: Entry) -> bool:
         return entry.expired(self.today)
 
@@ -175,6 +164,22 @@ class Sorter:
         return found
 
 
+def _lost_capabilities(facts_a: Mapping[str, str], facts_b: Mapping[str, str]) -> list[str]:
+    """The capabilities A's fingerprint saw work and B's did not."""
+    return sorted(
+        name.removeprefix(environments.CAPABILITY)
+        for name, seen in environments.capabilities(facts_a).items()
+        if seen == "yes" and environments.fact(facts_b, name) != "yes"
+    )
+
+
+def _sides(facts_a: Mapping[str, str], facts_b: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(device, torch) of each environment; "n/a" where a fingerprint lacks one."""
+    return [
+        (environments.fact(f, "device"), environments.fact(f, "torch")) for f in (facts_a, facts_b)
+    ]
+
+
 def documented_move(
     test: str, metric: str, facts_a: Mapping[str, str], facts_b: Mapping[str, str]
 ) -> str | None:
@@ -182,9 +187,7 @@ def documented_move(
     lists the op otherwise, in words; None where it lists it alike (or this is no such metric)."""
     if atlas.ATLAS_MODULE not in test or not metric.startswith(atlas.HOLDS):
         return None
-    sides = [
-        (environments.fact(f, "device"), environments.fact(f, "torch")) for f in (facts_a, facts_b)
-    ]
+    sides = _sides(facts_a, facts_b)
     if any("n/a" in side or side[0] not in autocast_docs.DEVICES for side in sides):
         return None
     op = metric.removeprefix(atlas.HOLDS)
@@ -206,9 +209,7 @@ def predicted(
 ) -> list[str]:
     """The known changes of the releases (harness.lab.releases) between the two environments
     that cover any of `claims`, in words."""
-    sides = [
-        (environments.fact(f, "device"), environments.fact(f, "torch")) for f in (facts_a, facts_b)
-    ]
+    sides = _sides(facts_a, facts_b)
     if any("n/a" in side for side in sides):  # a hand-written baseline: no release to place
         return []
     found = [releases.in_words(name) for c in claims for name, _ in releases.between(c, sides)]
