@@ -3,7 +3,7 @@
 Claims: AMP-FWD-FP16, AMP-BWD-FP16, AMP-MASTER-FP32, AMP-AUTO-DTYPE, AMP-NORM-FP32,
 API-DEPRECATED.
 
-Shown with harness.lab.probes (forward and gradient hooks, a log of the aten ops) on a small probe
+Shown with harness.lab.probes (forward and gradient hooks, a log of the aten ops) on a small test
 model, a table of single ops, and a log of the casts autocast makes:
 - the forward pass is not all fp16: matmuls are, the loss (and on CUDA the ops on the fp32 list:
   layer_norm, softmax, exp, ...) is fp32;
@@ -46,7 +46,7 @@ def _names(names) -> str:
     return ", ".join(names) or "none"
 
 
-# --- a probe model: one module per kind of op, so that hooks see every op ------------------
+# --- the test model: one module per kind of op, so that hooks see every op ------------------
 
 
 class _Exp(nn.Module):
@@ -98,7 +98,7 @@ class _Observed:
 
 
 def _observe(recipe: str, amp_device) -> _Observed:
-    """One forward (under the recipe's autocast, if any) and backward of the probe model: each
+    """One forward (under the recipe's autocast, if any) and backward of the test model: each
     module's output dtype and the dtype of the gradient reaching it (harness.lab.probes.outputs),
     and the aten ops backward ran (harness.lab.probes.OpLog)."""
     loss_fn = nn.MSELoss()

@@ -54,14 +54,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.lab import releases
-from harness.lab.autocast import compiled
+from harness.lab.autocast import torch_compile
 
 # torch.compile traces and compiles each block: about a minute on a 2-core CPU, so
 # `amp-harness run` leaves this module out unless --all (the plugin's `slow` marker).
 pytestmark = pytest.mark.slow
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
-BACKENDS = compiled.BACKENDS  # ("aot_eager", "inductor")
+BACKENDS = torch_compile.BACKENDS  # ("aot_eager", "inductor")
 INDUCTOR = "inductor_compile"  # the capability inductor's arm needs (harness.lab.devices)
 LOW_DTYPES = [
     pytest.param(BF16, marks=pytest.mark.requires("bf16_autocast"), id="bfloat16"),
@@ -188,11 +188,11 @@ def _attempt(measure: Callable[[], Run]) -> Run:
     """A compiled run: an exception compiling or running it is what was measured (2.5.1's
     inductor failing to fuse the attention's backward), kept as the run's error; so is a
     flush-to-zero mode it turned on (2.4's inductor), put back for what follows."""
-    with compiled.denormals_kept() as flushed:
+    with torch_compile.denormals_kept() as flushed:
         try:
             run = measure()
         except Exception as exc:  # BackendCompilerFailed, InductorError, AssertionError, ...
-            run = Run(error=compiled.error_line(exc))
+            run = Run(error=torch_compile.error_line(exc))
     run.flushed = flushed[0]
     return run
 
@@ -211,7 +211,7 @@ def _run(amp_device, low, backend=None, setting=None, backward: bool = True) -> 
         else:
 
             def measure() -> Run:
-                call = compiled.fresh(model, backend)
+                call = torch_compile.fresh(model, backend)
                 return _forward_backward(model, call, x, low, amp_device, backward)
 
             with setting.applied() if setting else contextlib.nullcontext():
@@ -415,10 +415,10 @@ def test_compiled_block_keeps_eager_dtypes(record, amp_device, low):
     settings, found = [], arms.get("inductor", [])
     compare = partial(_block_mismatches, eager, low=low, backend="inductor")
     if any(m.subject == SERVED for m in found):
-        setting = compiled.NO_AUTOGRAD_CACHE
+        setting = torch_compile.NO_AUTOGRAD_CACHE
         settings.append(_with_setting(amp_device, low, "inductor", setting, compare, ""))
     elif any(m.subject not in (RAISED, DENORMALS) for m in found):
-        setting = compiled.EAGER_ROUNDING
+        setting = torch_compile.EAGER_ROUNDING
         settings.append(_with_setting(amp_device, low, "inductor", setting, compare, ""))
     # Negative control: eager's run held to eager's run in the other low dtype: the comparison
     # sees every low-precision output's dtype differ.
@@ -534,19 +534,19 @@ def _mixed_operands(x: torch.Tensor, layer: nn.Linear, weight: torch.Tensor) -> 
         return torch.matmul(h, weight)
 
 
-@compiled.denormals_kept()  # torch 2.4's inductor kernels turn flush-to-zero on
+@torch_compile.denormals_kept()  # torch 2.4's inductor kernels turn flush-to-zero on
 def _mixed_outcome(amp_device, low, backend: str | None) -> str:
     """What the mixed-dtype matmul gives: its output dtype, or "raises" and what."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         layer = nn.Linear(WIDTH, WIDTH).to(amp_device.torch_device)
         weight = torch.randn(BATCH, WIDTH, WIDTH).to(amp_device.torch_device)
-    call = _mixed_operands if backend is None else compiled.fresh(_mixed_operands, backend)
+    call = _mixed_operands if backend is None else torch_compile.fresh(_mixed_operands, backend)
     try:
         with torch.no_grad(), torch.autocast(amp_device.type, dtype=low):
             return _short(call(_batch(amp_device), layer, weight).dtype)
     except Exception as exc:  # eager's RuntimeError; compiled, the same, or at compile time
-        return f"raises ({compiled.error_line(exc)})"
+        return f"raises ({torch_compile.error_line(exc)})"
 
 
 def _mixed_predicted(backend: str | None) -> str:
@@ -572,8 +572,8 @@ def test_disabled_region_computes_in_float32(record, amp_device, low):
     # where AOTAutograd alone runs (aot_eager), inductor's rounding mode on inductor.
     settings = {}
     for backend, setting, about in (
-        ("aot_eager", compiled.BACKWARD_OUTSIDE_AUTOCAST, BACKWARD),
-        ("inductor", compiled.EAGER_ROUNDING, FORWARD),
+        ("aot_eager", torch_compile.BACKWARD_OUTSIDE_AUTOCAST, BACKWARD),
+        ("inductor", torch_compile.EAGER_ROUNDING, FORWARD),
     ):
         if any(m.subject == about for m in arms.get(backend, [])):
             settings[setting.name] = _with_setting(
@@ -619,8 +619,8 @@ def test_disabled_region_computes_in_float32(record, amp_device, low):
         + left_out,
     )
     wrong = [_region_unpredicted(amp_device, low, b, r, mixed[b]) for b, r in regions.items()]
-    restored = settings.get(compiled.BACKWARD_OUTSIDE_AUTOCAST.name, "as eager")
-    if compiled.BACKWARD_OUTSIDE_AUTOCAST.available() and not restored.endswith("as eager"):
+    restored = settings.get(torch_compile.BACKWARD_OUTSIDE_AUTOCAST.name, "as eager")
+    if torch_compile.BACKWARD_OUTSIDE_AUTOCAST.available() and not restored.endswith("as eager"):
         wrong.append(f"aot_eager: predicted {restored} to restore eager's float32 backward")
     assert not any(wrong), "CMP-DISABLED-REGION: " + "; ".join(filter(None, wrong))
     assert not eager_found and mixed[None].startswith("raises"), (
@@ -669,13 +669,13 @@ def test_dtype_switch_recompiles(record, amp_device):
     new_graphs, runs = {}, {}
     for backend in backends:
         model, x = _block(amp_device), _batch(amp_device)
-        call = compiled.fresh(model, backend)
-        counts = [compiled.graphs_compiled()]
+        call = torch_compile.fresh(model, backend)
+        counts = [torch_compile.graphs_compiled()]
         runs[backend] = []
         for low in SWITCH:
             runs[backend].append(_attempt(partial(_forward_backward, model, call, x, low,
                                                   amp_device)))  # fmt: skip
-            counts.append(compiled.graphs_compiled())
+            counts.append(torch_compile.graphs_compiled())
         new_graphs[backend] = [
             after - before for before, after in zip(counts, counts[1:], strict=False)
         ]
@@ -761,14 +761,14 @@ class Loop:
         return f"{self.fresh} of {self.updates} later forwards saw the update, {self.stale} stale"
 
 
-@compiled.denormals_kept()  # torch 2.4's inductor kernels turn flush-to-zero on
+@torch_compile.denormals_kept()  # torch 2.4's inductor kernels turn flush-to-zero on
 def _long_region(amp_device, low, backend: str | None) -> Loop:
     """STEPS SGD steps of the block, compiled with `backend` (eager where None), inside one
     autocast region; each forward's "linear" output (the op whose weight eager's autocast
     caches a cast of) against the same callable run afresh, in a region of its own, on the
     weights of its step."""
     model, x = _block(amp_device), _leaf(_batch(amp_device))
-    call = model if backend is None else compiled.fresh(model, backend)
+    call = model if backend is None else torch_compile.fresh(model, backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     outputs, weights = [], []
     try:
@@ -786,7 +786,7 @@ def _long_region(amp_device, low, backend: str | None) -> Loop:
             with torch.autocast(amp_device.type, dtype=low):
                 fresh.append(call(x)["linear"].detach().clone())
     except Exception as exc:  # a compile that fails (2.5.1's inductor) is what was measured
-        return Loop(0, 0, 0, compiled.error_line(exc))
+        return Loop(0, 0, 0, torch_compile.error_line(exc))
     later = list(zip(outputs[1:], fresh[1:], outputs[:-1], strict=True))
     return Loop(
         len(later),
@@ -855,13 +855,13 @@ class ScaledStep:
         )
 
 
-@compiled.denormals_kept()  # torch 2.4's inductor kernels turn flush-to-zero on
+@torch_compile.denormals_kept()  # torch 2.4's inductor kernels turn flush-to-zero on
 def _scaled_steps(amp_device, backend: str | None) -> dict[str, ScaledStep]:
     """One torch.amp.GradScaler step of the block under float16 autocast per SCALER_CASES
     case, each from the same weights, compiled once with `backend` (eager where None)."""
     model, clean = _block(amp_device), _batch(amp_device)
     initial = copy.deepcopy(model.state_dict())
-    call = model if backend is None else compiled.fresh(model, backend)
+    call = model if backend is None else torch_compile.fresh(model, backend)
     steps = {}
     for case, init_scale in SCALER_CASES.items():
         model.load_state_dict(initial)
@@ -878,7 +878,7 @@ def _scaled_steps(amp_device, backend: str | None) -> dict[str, ScaledStep]:
             optimizer.zero_grad()
             scaler.scale(loss).backward()
         except Exception as exc:  # a compile that fails (2.5.1's inductor) is what was measured
-            steps[case] = ScaledStep(False, init_scale, 0, compiled.error_line(exc))
+            steps[case] = ScaledStep(False, init_scale, 0, torch_compile.error_line(exc))
             continue
         nonfinite = sum(int((~torch.isfinite(p.grad)).sum()) for p in model.parameters())
         scaler.step(optimizer)
@@ -971,15 +971,15 @@ def test_dynamic_shapes_keep_eager_dtypes(record, amp_device):
     arms, graphs = {}, {}
     for backend in backends:
         model = _block(amp_device)
-        call = compiled.fresh(model, backend, dynamic=True)
-        start, arms[backend] = compiled.graphs_compiled(), []
+        call = torch_compile.fresh(model, backend, dynamic=True)
+        start, arms[backend] = torch_compile.graphs_compiled(), []
         for x, reference in zip(batches, eager, strict=True):
             run = _attempt(partial(_forward_backward, model, call, x, low, amp_device))
             arms[backend] += [
                 Mismatch(f"{m.subject} at {tuple(x.shape)}", m.eager, m.compiled, backend)
                 for m in _block_mismatches(reference, run, low, backend)
             ]
-        graphs[backend] = compiled.graphs_compiled() - start
+        graphs[backend] = torch_compile.graphs_compiled() - start
     # Negative control: the second shape's eager run held to the first shape's: the comparison
     # sees the shapes differ, so that it is not blind to a run of the wrong shape.
     control = _shape_mismatches(eager[0], eager[1])
@@ -1019,14 +1019,14 @@ def _shape_mismatches(first: Run, second: Run) -> list[str]:
 LOOP_STEPS, LOOP_LR, ORDERS, CURVE_DTYPE = 8, 0.05, 3, BF16
 
 
-@compiled.denormals_kept()  # torch 2.4's inductor kernels turn flush-to-zero on
+@torch_compile.denormals_kept()  # torch 2.4's inductor kernels turn flush-to-zero on
 def _curve(amp_device, low, backend: str | None, order: int, lr: float = LOOP_LR) -> list[float]:
     """The block trained LOOP_STEPS AdamW steps (under `low` autocast, or float32 where None;
     its forward compiled with `backend` where given) on the batches in `order` (0: as drawn;
     else a seeded shuffle): after each step, its loss on a held-out batch, computed the same
     way for every run (eager, float32), so that curves differ only where the training did."""
     model = _block(amp_device)
-    call = model if backend is None else compiled.fresh(model, backend)
+    call = model if backend is None else torch_compile.fresh(model, backend)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     batches = [_batch(amp_device, 100 + step) for step in range(LOOP_STEPS)]
     if order:
@@ -1066,7 +1066,7 @@ def test_compiled_training_follows_eager(record, amp_device):
         try:
             curves[backend] = _curve(amp_device, low, backend, 0)
         except Exception as exc:  # a compile that fails (2.5.1's inductor) is what was measured
-            errors[backend] = compiled.error_line(exc)
+            errors[backend] = torch_compile.error_line(exc)
     gaps = {b: [abs(c - e) for c, e in zip(curve, eager, strict=True)] for b, curve in
             curves.items()}  # fmt: skip
     outside = {b: _outside(gap, spread) for b, gap in gaps.items()}

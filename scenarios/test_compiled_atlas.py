@@ -34,7 +34,7 @@ import torch
 
 from harness.lab import releases
 from harness.lab.autocast import atlas as autocast_atlas
-from harness.lab.autocast import compiled, compiled_atlas
+from harness.lab.autocast import compiled_atlas, torch_compile
 from harness.lab.autocast import docs as autocast_docs
 from harness.lab.autocast import ops as autocast_ops
 
@@ -143,7 +143,7 @@ def test_compiled_ops_keep_eager_autocast(record, amp_device, low, backend):
     at = names.index(CONTROL_OP)
     chunk = names[at - at % compiled_atlas.CHUNK :][: compiled_atlas.CHUNK]
     control = compiled_atlas.measure(
-        device, low, compiled.casting_backend(torch.mm, torch.float32), ops=chunk
+        device, low, torch_compile.casting_backend(torch.mm, torch.float32), ops=chunk
     )
     named = sorted(op for op, f in control.items() if f.mismatches)
 

@@ -296,7 +296,7 @@ def test_default_ddp_reduces_in_the_gradient_dtype(ranks, record):
         f"PIT3-FP16-SYNC: predicted fp32 buckets and an exact {expected!r} on every rank, got "
         f"{[(d['bucket_dtypes'], d['signature']) for d in runs['default'] + runs['recorded']]}"
     )
-    # Negative control: the probe sees fp16 communication when it is there.
+    # Negative control: the signature sees fp16 communication when it is there.
     assert all(d["signature"] == 1.0 for d in runs["fp16_compress_hook"]), (
         f"PIT3-FP16-SYNC: the fp16 hook should round the signature to 1.0, got {runs}"
     )
@@ -505,7 +505,7 @@ def test_only_the_fp16_hook_flushes_small_gradients(ranks, record):
     record.history(candidate=values, **{f"synced_{n}": g for n, g in runs.items()})
     record.param(world_size=world)
     predicted = _fp16_hook_prediction(world)
-    # The probe tells an fp16 sync apart only if the fp16 hook flushes what it is predicted to.
+    # The signature tells an fp16 sync apart only if the fp16 hook flushes what it is predicted to.
     hook_as_predicted = runs["fp16"] == predicted and flushed["fp16"] != []
     if not hook_as_predicted:
         verdict = "inconclusive"
@@ -528,7 +528,7 @@ def test_only_the_fp16_hook_flushes_small_gradients(ranks, record):
         f"PIT3-FP16-SYNC: predicted default DDP to deliver {values} intact, got {runs['default']}"
     )
     # Negative control: the opt-in fp16 sync flushes the values at or below the threshold on
-    # every rank, so the probe can see fp16 communication where there is some.
+    # every rank, so the signature can see fp16 communication where there is some.
     smallest_kept = min((v for v in values if v not in flushed["fp16"]), default=math.inf)
     assert hook_as_predicted and largest_flushed <= threshold < smallest_kept, (
         f"PIT3-FP16-SYNC: predicted {predicted} (flush at <= {threshold:.3g}), got {runs['fp16']}"

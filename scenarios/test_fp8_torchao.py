@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from harness.lab import devices
-from harness.lab.autocast import compiled
+from harness.lab.autocast import torch_compile
 
 # torchao's float8 training compiled: seconds of tracing on a CPU, so `amp-harness run` leaves
 # it out unless --all (the plugin's `slow` marker).
@@ -77,8 +77,8 @@ def _compiled_gap(plain, x, eager, emulate: bool, backend: str, casts: bool | No
         if casts is None
         else torch._inductor.config.patch(emulate_precision_casts=casts)
     )
-    with setting, compiled.denormals_kept():  # torch 2.4's inductor kernels turn FTZ on
-        return _gap(_run(model, x, compiled.fresh(model, backend)), eager)
+    with setting, torch_compile.denormals_kept():  # torch 2.4's inductor kernels turn FTZ on
+        return _gap(_run(model, x, torch_compile.fresh(model, backend)), eager)
 
 
 @pytest.mark.claim("FP8-TORCHAO-COMPILED")

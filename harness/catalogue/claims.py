@@ -1,12 +1,14 @@
 """The claim catalogues: what the scenarios check, as data, validated once.
 
-Three kinds, merged into one catalogue in this order (IDs are unique across all of them):
+Four kinds, merged into one catalogue in this order (IDs are unique across all of them):
 - the article's, `claims.json` beside this module (IDs as in shared/CLAIMS.md): section, the
   article's sentence, its English statement;
 - further built-in catalogues, `claims_*.toml` beside this module (`claims_bf16.toml`: BF16-...);
+- the known-bug ledger's entries, each a claim that its harm occurs (harness.catalogue.known_bugs);
 - the project's own, `claims.toml` beside its scenarios (the plugin's `amp_claims` ini option
-  names another file; `use_project` sets it). Without one set, `scenarios/claims.toml` of the
-  current folder, as every `amp-harness` command's `--scenarios` default.
+  names another file; `use_project` sets it), and its `known_bugs.toml` beside that. Without one
+  set, `scenarios/claims.toml` of the current folder, as every `amp-harness` command's
+  `--scenarios` default.
 
 A TOML catalogue is a list of `[[claim]]` tables with `id`, `statement`, `source` (the article,
 a paper, an issue, a team decision: free text or a URL) and optionally `expected` (the verdict
@@ -19,12 +21,12 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.catalogue import known_bugs
+from harness.catalogue.files import CatalogueError, check_id, quoted, tables
 from harness.common.errors import HarnessError, closest
-from harness.common.toml import tomllib
 
 CATALOGUE_PATH = Path(__file__).with_name("claims.json")
 BUILTIN_TOML = (
@@ -40,9 +42,6 @@ ARTICLE = "article"
 _FIELDS = ("id", "section", "article", "statement", "where")  # of claims.json
 _TOML_FIELDS = ("id", "statement", "source", "expected")
 _TOML_REQUIRED = ("id", "statement", "source")
-# Held with fullmatch: `re.match(...$)` lets a final line break through ("TEAM-X\n"), which
-# would reach MLflow's tag names (`verdict.<ID>`).
-_ID_PATTERN = re.compile(r"[A-Z][A-Z0-9]*(-[A-Z0-9]+)+")
 
 
 @dataclass(frozen=True)
@@ -55,32 +54,6 @@ class Claim:
     article: str = ""  # article claims: the article's sentence, in Chinese, as written
     where: str = ""  # article claims: where it can run: "cpu", "gpu", "cpu, gpu", ...
     expected: str | None = None  # the verdict the catalogue's authors expect, if they said
-
-
-class CatalogueError(HarnessError):
-    pass
-
-
-def _quoted(claim_id: str) -> str:
-    """An ID as a message shows it: in quotes, a line break or tab written out (`"TEAM-X\\n"`),
-    as TOML and JSON write it. (A valid ID needs no escape: the label of each of 10,000 entries
-    is made at once.)"""
-    if _ID_PATTERN.fullmatch(claim_id):
-        return f'"{claim_id}"'
-    return json.dumps(claim_id, ensure_ascii=False)
-
-
-def _check_id(where: str, claim_id: str) -> None:
-    if _ID_PATTERN.fullmatch(claim_id):
-        return
-    what = f"{where}: id {_quoted(claim_id)} is not of the form GROUP-NAME"
-    bare = "".join(claim_id.split())
-    if bare != claim_id and _ID_PATTERN.fullmatch(bare):
-        raise CatalogueError(
-            f"{what} (capitals, digits, dashes): it holds white space (a line break, a tab or a "
-            f"space), which MLflow's tag names would keep; write it {_quoted(bare)}"
-        )
-    raise CatalogueError(f'{what} (capitals, digits, dashes), e.g. "TEAM-BF16-LOSS"')
 
 
 def load_catalogue(path: Path) -> dict[str, Claim]:
@@ -105,7 +78,7 @@ def load_catalogue(path: Path) -> dict[str, Claim]:
         if unknown:
             raise CatalogueError(f"{where}: unknown field(s) {unknown}: allowed are {_FIELDS}")
         claim_id = entry["id"]
-        _check_id(where, claim_id)
+        check_id(where, claim_id)
         if claim_id in claims:
             raise CatalogueError(f'{where}: id "{claim_id}" appears twice: IDs must be unique')
         source = f"{ARTICLE} ({entry['section']})"
@@ -116,32 +89,12 @@ def load_catalogue(path: Path) -> dict[str, Claim]:
 def load_toml_catalogue(path: Path, name: str) -> dict[str, Claim]:
     """Read and validate a TOML catalogue of `[[claim]]` tables (a built-in one, or a project's):
     every problem names the file, the entry (its number and id) and the fix."""
-    try:
-        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise CatalogueError(
-            f"{path}: cannot read the claim catalogue: {exc}. Fix: write it as TOML, one "
-            "[[claim]] table per claim with id, statement and source (docs/writing-a-scenario.md)"
-        ) from exc
-    other = sorted(set(doc) - {"claim"})
-    if other:
-        raise CatalogueError(
-            f"{path}: unknown top-level key(s) {other}: a catalogue holds only [[claim]] tables "
-            f"(fields {', '.join(_TOML_FIELDS)})"
-        )
-    entries = doc.get("claim", [])
-    if not isinstance(entries, list):
-        raise CatalogueError(
-            f"{path}: `claim` is not a list: write each claim as a [[claim]] table"
-        )
     claims: dict[str, Claim] = {}
-    for number, entry in enumerate(entries, start=1):
-        label = entry.get("id") if isinstance(entry, dict) else None
-        where = f"{path}: [[claim]] #{number}" + (
-            f" (id {_quoted(label)})" if isinstance(label, str) else ""
-        )
-        if not isinstance(entry, dict):
-            raise CatalogueError(f"{where}: expected a [[claim]] table")
+    fix = (
+        "write it as TOML, one [[claim]] table per claim with "
+        f"{', '.join(_TOML_FIELDS)} (docs/writing-a-scenario.md)"
+    )
+    for where, entry in tables(path, "claim", "the claim catalogue", fix):
         unknown = sorted(set(entry) - set(_TOML_FIELDS))
         if unknown:
             raise CatalogueError(
@@ -154,7 +107,7 @@ def load_toml_catalogue(path: Path, name: str) -> dict[str, Claim]:
                     f'{where}: field "{field}" is missing or empty: give it text, e.g. '
                     + ('id = "TEAM-BF16-LOSS"' if field == "id" else f'{field} = "..."')
                 )
-        _check_id(where, entry["id"])
+        check_id(where, entry["id"])
         expected = entry.get("expected")
         if expected is not None and expected not in VERDICTS:
             raise CatalogueError(
@@ -198,7 +151,16 @@ def builtin() -> dict[str, Claim]:
     claims = dict(load_catalogue(CATALOGUE_PATH))
     for path in BUILTIN_TOML:
         _merge(claims, load_toml_catalogue(path, _name_of(path)), path)
+    _merge(claims, _as_claims(known_bugs.builtin()), known_bugs.BUILTIN_PATH)
     return claims
+
+
+def _as_claims(bugs: dict[str, known_bugs.KnownBug]) -> dict[str, Claim]:
+    """Known bugs as claims: each says its harm occurs (harness.catalogue.known_bugs)."""
+    return {
+        bug.id: Claim(bug.id, bug.statement, ", ".join(bug.upstream), bug.catalogue)
+        for bug in bugs.values()
+    }
 
 
 _project: list[Path | None] = [None]  # set by use_project; None: DEFAULT_PROJECT
@@ -224,28 +186,47 @@ def project_path() -> Path:
 
 
 @functools.cache
-def _with_project(path: str, _mtime_ns: int, _size: int) -> dict[str, Claim]:
+def _with_project(path: str, _stats: tuple) -> dict[str, Claim]:
     claims = dict(builtin())
-    _merge(claims, load_toml_catalogue(Path(path), "project"), Path(path))
+    claims_file = Path(path)
+    if claims_file.exists():
+        _merge(claims, load_toml_catalogue(claims_file, "project"), claims_file)
+    bugs = known_bugs.project(claims_file)
+    _merge(claims, _as_claims(bugs), claims_file.with_name(known_bugs.PROJECT_FILE))
     return claims
 
 
-def catalogue() -> dict[str, Claim]:
-    """Every claim: the built-in catalogues, then the project's (re-read when its file changes)."""
-    path = project_path()
+def _stat(path: Path) -> tuple[int, int] | None:
+    """(mtime, size) of a project file, None where it does not exist."""
     try:
         stat = path.stat()
     except FileNotFoundError:
-        return builtin()
+        return None
     except OSError as exc:
-        raise CatalogueError(f"{path}: cannot read the project's claim catalogue: {exc}") from exc
-    return _with_project(str(path), stat.st_mtime_ns, stat.st_size)
+        raise CatalogueError(f"{path}: cannot read the project's catalogue: {exc}") from exc
+    return stat.st_mtime_ns, stat.st_size
+
+
+def catalogue() -> dict[str, Claim]:
+    """Every claim: the built-in catalogues, then the project's claims and known bugs (re-read
+    when either file changes)."""
+    path = project_path()
+    stats = (_stat(path), _stat(path.with_name(known_bugs.PROJECT_FILE)))
+    if stats == (None, None):
+        return builtin()
+    return _with_project(str(path), stats)
+
+
+def ledger() -> dict[str, known_bugs.KnownBug]:
+    """Every known bug: the built-in ledger, then the project's."""
+    return {**known_bugs.builtin(), **known_bugs.project(project_path())}
 
 
 def reload() -> None:
     """Forget the catalogues read so far (tests that swap a catalogue file)."""
     builtin.cache_clear()
     _with_project.cache_clear()
+    known_bugs.reload()
 
 
 def unknown_ids(ids) -> list[tuple[str, str]]:
@@ -293,7 +274,7 @@ def add_project_claim(
     claims = dict(builtin())
     if old:
         _merge(claims, load_toml_catalogue(path, "project"), path)
-    _check_id(f"--claim {_quoted(claim_id)}", claim_id)
+    check_id(f"--claim {quoted(claim_id)}", claim_id)
     if claim_id in claims:
         raise CatalogueError(
             f"--claim {claim_id}: already a claim of the {claims[claim_id].catalogue} catalogue "

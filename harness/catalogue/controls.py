@@ -15,12 +15,13 @@ helper the test calls is the test's control, as is every marker inside the test:
 asserted. Controls marked further down the helpers count against a test only when none of its
 controls is asserted.
 
-The data flow over-approximates, as the helpers a test reaches do (contract.py): a name computed
-from a control counts whole (`runs` holds the control if `runs["plain"]` does). A static check
-must not cry wolf.
+The data flow over-approximates, as the helpers a test reaches do (scenario_source.py): a name
+computed from a control counts whole (`runs` holds the control if `runs["plain"]` does). A static
+check must not cry wolf.
 
-The AST walkers both modules need (`walk`, `call_name`) live here, and contract.py imports them
-from here: this module imports nothing of the harness, so there is no cycle.
+The AST walkers the whole contract needs (`walk`, `call_name`) live here, and scenario_source.py
+and contract.py import them from here: this module imports nothing of the harness, so there is no
+cycle.
 """
 
 from __future__ import annotations
@@ -457,7 +458,7 @@ def cannot_fail(test: ast.expr) -> str | None:
     return None
 
 
-# --- AST walkers, shared with contract.py ---------------------------------------------------------
+# --- AST walkers, shared with scenario_source.py and contract.py ----------------------------------
 
 
 def walk(node: ast.AST) -> list[ast.AST]:

@@ -13,7 +13,7 @@ from harness.cli.arguments import accepted_changes, baselines, command
 from harness.common import shown
 from harness.common.errors import HarnessError
 from harness.records.journal import JOURNAL_NAME, Journal
-from harness.reports import baseline, compare
+from harness.reports import baseline, compare, comparison_view
 
 
 def add_baseline(sub) -> None:
@@ -129,8 +129,8 @@ def _compare(args: argparse.Namespace) -> int:
         raise HarnessError("compare: give A (a session, a baseline file or `last`) or --range A..B")
     journal = Journal(Path(args.reports) / JOURNAL_NAME)
     try:
-        a_label, a = compare.load(args.a, journal)
-        b_label, b = compare.load(args.b, journal)
+        a_label, a = baseline.load(args.a, journal)
+        b_label, b = baseline.load(args.b, journal)
     except baseline.MissingBaseline as exc:  # reported, not an error: there may be none yet
         if args.fail_on_regression:  # ... but a gate that compared nothing must not pass
             raise HarnessError(f"--fail-on-regression: {exc}") from None
@@ -152,7 +152,7 @@ def _compare(args: argparse.Namespace) -> int:
     else:
         from rich.console import Console
 
-        compare.render(result, Console())
+        comparison_view.render(result, Console())
     if args.fail_on_regression and not result.overlapped:
         print(
             f"amp-harness: error: --fail-on-regression: {a_label} against {b_label}: "

@@ -153,11 +153,11 @@ def _list_claims(args: argparse.Namespace) -> int:
     import contextlib
     import io
 
-    from harness.catalogue import contract
+    from harness.catalogue.scenario_source import claimed_tests
 
     # Read from the files (no torch import: it answers at once); collected by pytest only where
     # a file's markers cannot be read without running it.
-    tests = contract.claimed_tests(Path(args.scenarios)) if Path(args.scenarios).is_dir() else {}
+    tests = claimed_tests(Path(args.scenarios)) if Path(args.scenarios).is_dir() else {}
     if tests is None:
         quiet = io.StringIO()
         with contextlib.redirect_stdout(quiet):  # pytest's collection chatter
@@ -245,11 +245,11 @@ def _project_catalogue(args: argparse.Namespace) -> Path:
 
 
 def _new(args: argparse.Namespace) -> int:
-    from harness.catalogue import contract  # it imports pytest: only the commands that need it pay
+    from harness.catalogue.template import new_scenario
 
     claim_id, statement = args.claim or (None, None)
     catalogue_path = _project_catalogue(args)
-    path, claim = contract.new_scenario(
+    path, claim = new_scenario(
         args.name,
         Path(args.scenarios),
         catalogue_path,

@@ -53,7 +53,7 @@ def baseline_comparison(reports: Path, spec: str, baselines: Path) -> str | list
         return None
     try:
         journal = Journal(reports / JOURNAL_NAME)
-        label, last = compare.load("last", journal)  # the last session of record
+        label, last = baseline.load("last", journal)  # the last session of record
         if spec == "auto":
             chosen = nearest.choose(baselines, last["fingerprint"])
             path, summary, chose = chosen.path, chosen.summary, [chosen.why] if chosen.why else []

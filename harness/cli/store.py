@@ -22,6 +22,7 @@ from harness.records.tracking import (
     MlflowSink,
     default_uri,
     resolve_uri,
+    sync,
     ui_url,
     views,
 )
@@ -48,7 +49,7 @@ def _sync(args: argparse.Namespace) -> int:
     def waiting() -> None:
         print(f"waiting for another `amp-harness sync` of {journal.path} to finish", flush=True)
 
-    counts = sink.sync(journal, on_wait=waiting)
+    counts = sync(sink, journal, on_wait=waiting)
     for note in sink.notes:
         print(f"MLflow: {note}")
     parts = [
@@ -210,10 +211,10 @@ def _check_ui_address(host: str, port: int) -> None:
             f"--host {host}: not an address of this machine ({exc.strerror or exc}); the default "
             "127.0.0.1 serves this machine only"
         ) from None
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+    with socket.socket(family, kind, proto) as trial:
+        trial.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
         try:
-            probe.bind(address)
+            trial.bind(address)
         except OSError as exc:
             taken = exc.errno == errno.EADDRINUSE
             raise HarnessError(

@@ -13,9 +13,9 @@ Imports only harness.common. A scenario author's import surface is this package:
   `smoke`, `figures` (curves a scenario attaches to its record), `distributed` (gloo ranks);
 - `machine/`: the machine (a package: capabilities, one row each; probes, device, team; the
   CPU's facts and levels, the GPU's facts and the datasheet table gpus);
-- `diagnose/`: the pitfalls measured on a user's own model (a package: order, runs, rules, fixes,
-  kernels, compiled, verify, examples);
+- `diagnose/`: the pitfalls measured on a user's own model (a package: order, runs, observed,
+  thresholds, curves, rules, wording, fixes, kernels, compiled, verify, examples);
 - `autocast/`: PyTorch's documented autocast lists (`docs`), every op on them measured
-  (`ops`, `atlas`), and torch.compile's helpers for the compiled claims (`compiled`: a fresh
+  (`ops`, `atlas`), and torch.compile's helpers for the compiled claims (`torch_compile`: a fresh
   compile, its count, the upstream settings that restore eager's behaviour).
 """

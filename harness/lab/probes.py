@@ -1,4 +1,7 @@
-"""Probes: observers attached to a model or to a region of code, that say what precision did.
+"""Observers attached to a model or to a region of code, that say what precision did. (The
+module keeps the name scenarios import it by, `probes`; in the harness's words a probe checks
+what the machine can do, harness.lab.machine.probes, and an observer watches a run:
+docs/architecture.md.)
 
 - `outputs(model)`: per module, its forward output's dtype, max |x| against the dtype's largest
   finite value (headroom), inf and NaN counts, and the dtype of the gradient that reaches the
@@ -56,7 +59,7 @@ class OutputStats:
 
     Its numbers are reduced on the tensor's device when the hook runs, and read (one
     synchronisation) when first asked for: a hook that synchronised would put its cost inside
-    the step a caller times (`amp-harness diagnose` times its steps with the probes on)."""
+    the step a caller times (`amp-harness diagnose` times its steps with the observers on)."""
 
     def __init__(self, t: torch.Tensor):
         x = t.detach()

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.common.versions import release_of
+
 CURRENT, BEFORE = "current", "before"
 ANY_DEVICE = "any"  # a change of code every device runs (Dynamo, AOTAutograd, a meta function)
 
@@ -227,14 +229,7 @@ CHANGES: dict[str, Change] = {
 def release(version: str | None = None) -> tuple[int, int]:
     """(major, minor) of a torch version string ("2.5.1+cu124" -> (2, 5)); the running torch's
     by default."""
-    major, minor = version_key(version or _running())[:2]
-    return major, minor
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """2.13.0+cpu -> (2, 13, 0): versions ordered as numbers, not as text (2.4 before 2.13)."""
-    numbers = version.split("+")[0].split(".")
-    return tuple(int(n) if n.isdigit() else 0 for n in numbers)
+    return release_of(version or _running())
 
 
 def _running() -> str:

@@ -15,6 +15,7 @@ from harness.records import environments
 from harness.records.options import BASELINES
 from harness.reports import accepted as accepted_changes
 from harness.reports import baseline, compare, nearest
+from harness.reports.comparison import Comparison
 
 
 @dataclass
@@ -26,7 +27,7 @@ class Gate:
     summary: dict | None  # its content; None when there is none at `path`
     why: str = ""  # why another environment's baseline was taken (auto), if it was
     accepted: list[accepted_changes.Entry] = field(default_factory=list)  # the reviewed changes
-    comparison: compare.Comparison | None = None
+    comparison: Comparison | None = None
 
     @classmethod
     def open(cls, config: pytest.Config, facts: dict[str, str]) -> Gate | None:

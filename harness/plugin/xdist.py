@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.catalogue import contract
+from harness.catalogue.scenario_source import claimed_tests
 from harness.common.errors import HarnessError
 from harness.plugin import process
 from harness.plugin.session import AmpSession, state_of, xdist_controller
@@ -88,14 +88,14 @@ def _crashed_before_setup(state: AmpSession, nodeid: str) -> Record:
     (a fixture that crashed): its claims read from its file, without importing it."""
     path = _node_path(state, nodeid).resolve()
     test = f"{path}::{nodeid.partition('::')[2].split('[')[0]}"  # named without its parameters
-    declared = contract.claimed_tests(path.parent) or {}
+    declared = claimed_tests(path.parent) or {}
     claims = [claim for claim, tests in declared.items() if test in map(_from_the_root, tests)]
     return Record(nodeid, claims, state.device.describe(), state.artifact_dir(nodeid))
 
 
 def _from_the_root(test: str) -> str:
-    """A test as contract.claimed_tests names it (its file from the current folder), its file
-    from the root of the file system."""
+    """A test as claimed_tests names it (its file from the current folder), its file from the
+    root of the file system."""
     where, _, name = test.partition("::")
     return f"{(Path.cwd() / where).resolve()}::{name}"
 

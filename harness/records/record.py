@@ -18,7 +18,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.catalogue.claims import check_verdict
+from harness.catalogue import known_bugs
+from harness.catalogue.claims import check_verdict, ledger
 from harness.common import shown
 from harness.common.errors import HarnessError
 from harness.records import environments, shapes
@@ -144,6 +145,35 @@ class Record:
                 f"after an injected inf', which reads 'scale 65536 -> 32768 ...')"
             )
         self.verdicts[claim] = Verdict(claim, verdict, evidence)
+
+    def known_bug(
+        self, bug: str, present: bool, control_clean: bool, evidence: str, version: str = ""
+    ) -> str | None:
+        """The verdict on a known bug of the ledger (harness.catalogue.known_bugs): `confirmed`
+        where its harm showed, `refuted` where not, with the evidence. Returns what contradicts
+        the ledger, or None: a harm that the ledger's bounds do not predict for this release (a
+        wrong bound, or a bug come back), or a control that shows the harm too (a reproduction
+        that cannot tell the bug apart). The test asserts on it."""
+        import torch  # loaded in any scenario test; record.py itself needs no torch
+
+        entry = ledger()[bug]
+        version = version or torch.__version__
+        verdict = known_bugs.PRESENT_VERDICT if present else known_bugs.ABSENT_VERDICT
+        self.verdict(bug, verdict, evidence)
+        self.key_metric(**{"known_bug/present": int(present)})
+        self.metric(**{"known_bug/control_clean": int(control_clean)})
+        if not control_clean:
+            return (
+                f"{bug}: the control shows the harm too, so the reproduction does not isolate "
+                f"the bug: {evidence}"
+            )
+        state, predicted = entry.state(verdict, version), entry.predicted(version)
+        if (state == known_bugs.PRESENT) == (predicted == known_bugs.PRESENT):
+            return None
+        return (
+            f"{bug}: {state} on torch {version}, where the ledger predicts {predicted} "
+            f"(affects {entry.affects}): a bound is wrong, or the bug came back: {evidence}"
+        )
 
     def make_storable(self) -> None:
         """Escape, in place, every text of the record that UTF-8 cannot encode (shown.storable:

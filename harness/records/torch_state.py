@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.lab import tf32
-from harness.lab.autocast import compiled
+from harness.lab.autocast import torch_compile
 
 # The precision switches under torch.backends, general before specific: the fp32_precision
 # settings (torch >= 2.9; mkldnn's decide CPU matmuls and convolutions in bf16 or tf32), the
@@ -148,7 +148,7 @@ def switches() -> tuple[Switch, ...]:
     return (
         Switch("torch.default_dtype", torch.get_default_dtype, torch.set_default_dtype),
         Switch("torch.default_device", torch.get_default_device, _set_default_device),
-        Switch("torch.flush_denormal", compiled.flushes_denormals, torch.set_flush_denormal),
+        Switch("torch.flush_denormal", torch_compile.flushes_denormals, torch.set_flush_denormal),
         Switch("torch.grad_enabled", torch.is_grad_enabled, torch.set_grad_enabled),
         *[switch for device in devices for switch in _autocast(device)],
         Switch("torch.autocast.nesting", _autocast_nesting, _set_autocast_nesting),

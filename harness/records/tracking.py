@@ -4,11 +4,14 @@ The plumbing lives in that package, a module a concern: `uris` (where the store 
 taken out, command lines, the UI's links and saved views), `bounds` (how long MLflow is waited
 for, the bounded client, Unavailable and `reason`, MLflow's sender held to the bounds), `locks`
 (the file locks: a new store's opening, `sync`, a session that still runs), `naming` (a run's
-name, description and tags, the points of a long history MLflow gets) and `sink` (MlflowSink:
-live logging and `sync`). This module re-exports what the rest of the harness and its tests
-import from it, so that `from harness.records.tracking import ...` holds as it did. A test that
-replaces one of these names must replace it in the module that holds it (`bounds.client`,
-`uris.views`): replacing it here replaces nothing the sink calls.
+name, description and tags, the points of a long history MLflow gets), `sink` (MlflowSink: a
+session logged live), `replay` (`sync`: the journal replayed into MLflow), `runs` (the runs
+MLflow holds, read back: searched, a session's main parent, copies deleted) and `sqlite_store`
+(the embedded store's writability, fsync and moved artifact paths). This module re-exports
+what the rest of the harness and its tests import from it, so that `from harness.records.tracking
+import ...` holds as it did. A test that replaces one of these names must replace it in the
+module that holds it (`bounds.client`, `uris.views`): replacing it here replaces nothing the sink
+calls.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ from harness.records.mlflow.naming import (
     downsampled,
     mark_tags,
 )
-from harness.records.mlflow.sink import MlflowSink, main_parent, search_runs
+from harness.records.mlflow.replay import sync
+from harness.records.mlflow.runs import main_parent, search_runs
+from harness.records.mlflow.sink import MlflowSink
 from harness.records.mlflow.uris import (
     ARTIFACTS_NAME,
     BY_CLAIM,
@@ -101,6 +106,7 @@ __all__ = [
     "resolve_uri",
     "search_runs",
     "sqlite_path",
+    "sync",
     "ui_url",
     "views",
 ]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from harness.common.errors import HarnessError
 from harness.common.toml import tomllib
-from harness.lab.releases import version_key
+from harness.common.versions import version_key
 
 FILENAME = "accepted-changes.toml"
 TABLE = "accepted"

@@ -18,8 +18,9 @@ after it passed over and said (`passed_over`).
 The file's one owner: this module writes it (`summarize` makes its fields, `save` the file,
 `filename` its name) and reads it back (`read_baseline`, checked field by field against FORMAT:
 a bad file is an error naming the file, the field and the fix; `MissingBaseline` where there is
-none; `auto_path` an environment's own, `parse_filename` what a file's name says). Comparing two
-of them is harness.reports.compare's job; choosing one to gate against, harness.reports.nearest's.
+none; `auto_path` an environment's own, `parse_filename` what a file's name says). `load` is the
+run a command line names, a file or a session summarized. Comparing two of them is
+harness.reports.compare's job; choosing one to gate against, harness.reports.nearest's.
 """
 
 from __future__ import annotations
@@ -347,3 +348,21 @@ def _problem(summary) -> str | None:
             if not number and value not in shapes.NON_FINITE:
                 return f'tests["{test}"].metrics["{key}"]: {value!r} is not a number'
     return None
+
+
+# --- a run named on the command line ----------------------------------------------------------
+
+
+def load(spec: str, journal: Journal) -> tuple[str, dict]:
+    """(label, summary) of a run named on the command line: a baseline JSON file, a session id
+    recorded in the journal, or `last` for its last session."""
+    if spec == "last":
+        summary = summarize(journal)
+    elif spec.endswith(".json") or "/" in spec or Path(spec).exists():
+        return spec, read_baseline(Path(spec))
+    else:
+        try:
+            summary = summarize(journal, spec)
+        except HarnessError as exc:
+            raise HarnessError(f"{exc} (or give a baseline file, *.json, or `last`)") from None
+    return f"session {short_id(summary['session_id'])} ({summary['name']})", summary

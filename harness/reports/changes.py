@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.common import shown
 from harness.common.errors import HarnessError
-from harness.lab.releases import version_key
+from harness.common.versions import version_key
 from harness.records import environments
 from harness.reports import atlas, differences
 from harness.reports.baseline import read_baseline

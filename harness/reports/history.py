@@ -1,8 +1,8 @@
 """The report's history: per hardware class, each claim's verdict and key metrics across the
 sessions of record, oldest first, each session labelled with its torch release.
 
-harness.reports.ledger reads the runs; this module sees only what each session said (a `Point`):
-each claim's verdict as it counts (harness.catalogue.verdicts), and the key metrics
+harness.reports.ledger_history reads the runs; this module sees only what each session said (a
+`Point`): each claim's verdict as it counts (harness.catalogue.verdicts), and the key metrics
 (Record.key_metric) of the claim's tests. From them, per claim and class (a `Track`):
 - since when its current verdict holds: the first session from which every session that gave it
   a verdict gave the one it has now. Over every session of record, not only those drawn: "since"

@@ -3,8 +3,8 @@
 Upgrading torch changes things the project knows of; the gate exists to find what it does not.
 Every change `compare` counts (a changed verdict, a lost decision, a flagged metric) is one of:
 
-- hardware: the hardware classes differ in what its tests depend on (harness.reports.compare's
-  attribution);
+- hardware: the hardware classes differ in what its tests depend on
+  (harness.reports.attribution);
 - predicted: a known change of the releases between the two covers it, and the later run's test
   passed, so its scenario predicted the new behaviour: a measured change of behaviour
   (harness.lab.releases) of its claim, or, for the autocast atlas, an op the two releases'

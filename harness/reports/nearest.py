@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.common.versions import version_key
 from harness.lab.machine.levels import level_rank
-from harness.lab.releases import version_key
 from harness.records import environments
 from harness.reports import baseline
 

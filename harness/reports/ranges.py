@@ -29,6 +29,7 @@ from harness.records.journal import Journal
 from harness.records.journal_index import short_id
 from harness.reports import baseline, compare, kinds
 from harness.reports.accepted import Entry
+from harness.reports.comparison import Comparison
 
 SEPARATOR = ".."
 FIX = "`amp-harness sessions` lists each session's id and class, oldest first"
@@ -42,7 +43,7 @@ class Step:
     name: str
     started: float
     torch: str
-    comparison: compare.Comparison | None  # None for A: nothing before it is of the range
+    comparison: Comparison | None  # None for A: nothing before it is of the range
 
     @property
     def label(self) -> str:

@@ -10,9 +10,10 @@ the claims run without a verdict apart from those no test has run, each scenario
 grouped by test, and a comparison passed in by the caller (`comparison=`; harness.reports.compare
 builds it).
 
-The ledger is harness.reports.ledger's model (the runs read from MLflow into columns and cells,
-the sessions marked experimental apart, the history's input; which run a column shows, and when
-a session is complete, are told there). This module renders it: the page through
+The ledger is harness.reports.ledger's model, read from MLflow by harness.reports.ledger_read
+(the runs into columns and cells, the sessions marked experimental apart, the history's input;
+which run a column shows is told in ledger_columns, when a session is complete in
+ledger_sessions). This module renders it: the page through
 `templates/report.html.j2`, summary.md, the figures, and the folder that replaces the last one
 (`build`, `report_dir`).
 """
@@ -34,8 +35,9 @@ from harness.common import filenames, shown
 from harness.common.errors import HarnessError
 from harness.records import tracking
 from harness.records.tracking import DEFAULT_EXPERIMENT
-from harness.reports import atlas, baseline, history, ledger, table
-from harness.reports.ledger import COLOURS, MIXED, Environment, plural, reading, when
+from harness.reports import atlas, baseline, history, ledger_read, table
+from harness.reports.ledger import COLOURS, MIXED, Environment, plural, when
+from harness.reports.ledger_read import reading
 from harness.reports.table import PER_CLAIM_AND_TEST
 
 DEFAULT_NAME = "report"  # a fixed name, overwritten by the next build: a stable path to bookmark
@@ -69,7 +71,7 @@ def build(
     """
     out = Path(out)
     _check_target(out)
-    found = ledger.read(tracking_uri, experiment)
+    found = ledger_read.read(tracking_uri, experiment)
     environments = found.environments
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))

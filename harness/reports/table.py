@@ -12,7 +12,7 @@ The counts (`counts_line`) close the session, after pytest's own summary (harnes
 Evidence is capped where it is shown (`cap`: EVIDENCE_CHARS characters and EVIDENCE_LINES lines
 per test, then how much more there is and where): a scenario that puts 1 MB into its evidence
 once printed 31,791 terminal lines. The full text stays in the journal and in record.json; the
-report (harness.reports.ledger) caps its entries the same way.
+report (harness.reports.ledger_columns) caps its entries the same way.
 """
 
 from __future__ import annotations

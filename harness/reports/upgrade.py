@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.common.errors import HarnessError
-from harness.lab.releases import version_key
+from harness.common.versions import version_key
 from harness.reports import baseline, compare, kinds
 from harness.reports.accepted import RELEASE, Entry
+from harness.reports.comparison import Comparison
 from harness.reports.nearest import Candidate, candidates
 
 
@@ -27,7 +28,7 @@ class Step:
     hardware_class: str
     before: Candidate | None
     after: Candidate | None
-    comparison: compare.Comparison | None = None
+    comparison: Comparison | None = None
 
     def missing(self, since: str, until: str, releases: list[str]) -> str:
         lacking = [r for r, c in ((since, self.before), (until, self.after)) if c is None]

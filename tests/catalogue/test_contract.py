@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, assert_fails_naming, half_in_larger_buffers
 
 from harness import cli
-from harness.catalogue import claims, contract
+from harness.catalogue import claims, collected_claims, contract, template
 from harness.lab import devices
 
 GOOD = '''
@@ -126,7 +126,7 @@ def test_the_template_fails_naming_its_claim_when_fp16_takes_four_bytes(pytester
 @pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff is a dev extra")
 def test_the_generated_file_is_lint_clean(tmp_path):
     folder = scenarios(tmp_path)
-    path, _ = contract.new_scenario("lint_me", folder, folder / "claims.toml")
+    path, _ = template.new_scenario("lint_me", folder, folder / "claims.toml")
     for command in (["check", "--no-cache"], ["format", "--check", "--no-cache"]):
         ran = subprocess.run(
             [sys.executable, "-m", "ruff", *command, "--line-length", "100", str(path)],
@@ -147,7 +147,7 @@ def test_new_expected_writes_the_teams_verdict_into_the_catalogue(tmp_path, caps
     assert "invalid choice: 'ok'" in capsys.readouterr().err
     assert not (folder / "test_other.py").exists()
     with pytest.raises(claims.CatalogueError, match=r"--expected ok: not a verdict.*closest"):
-        contract.new_scenario("other", folder, folder / "claims.toml", expected="ok")
+        template.new_scenario("other", folder, folder / "claims.toml", expected="ok")
     assert not (folder / "test_other.py").exists()
 
 
@@ -431,7 +431,9 @@ def test_each_shape_of_control_passes_and_fails_once_it_is_not_asserted(tmp_path
 
 
 def test_validate_reads_the_files_without_importing_them(tmp_path, monkeypatch):
-    monkeypatch.setattr(contract, "_collect", lambda paths: pytest.fail(f"collected {paths}"))
+    monkeypatch.setattr(
+        collected_claims, "collect", lambda paths: pytest.fail(f"collected {paths}")
+    )
     folder = scenarios(tmp_path, test_scn=GOOD + "\nraise SystemExit('imported')\n")
     assert problems(folder) == []
 

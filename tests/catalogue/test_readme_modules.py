@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness import cli
 from harness.catalogue import claims
-from harness.catalogue.contract import claimed_tests
+from harness.catalogue.scenario_source import claimed_tests
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^\| `(test_\w+\.py)` \| (.*) \|$", re.MULTILINE)

@@ -17,7 +17,8 @@ from browser import start_ui
 from conftest import REPO
 
 from harness import cli
-from harness.catalogue import claims, contract
+from harness.catalogue import claims
+from harness.catalogue.scenario_source import claimed_tests
 from harness.common import shown
 from harness.records.journal import Journal
 from harness.reports import report
@@ -413,7 +414,7 @@ def test_list_collects_a_file_whose_markers_are_built_at_run_time(tmp_path, monk
     (tmp_path / "scenarios").mkdir()
     (tmp_path / "scenarios" / "test_built.py").write_text(BUILT_AT_RUN_TIME)
     monkeypatch.chdir(tmp_path)
-    assert contract.claimed_tests(tmp_path / "scenarios") is None  # not readable from the file
+    assert claimed_tests(tmp_path / "scenarios") is None  # not readable from the file
     assert cli.main(["list", "--json", "--reports", str(tmp_path / "reports")]) == 0
     rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
     assert rows["FMT-BITS"]["tests"] == ["scenarios/test_built.py::test_bits"]

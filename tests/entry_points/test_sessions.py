@@ -17,7 +17,7 @@ from harness import cli
 from harness.records import journal_index
 from harness.records.journal_index import MARK
 from harness.records.record import Record
-from harness.records.tracking import EXPERIMENTAL, EXPERIMENTAL_REASON, MlflowSink
+from harness.records.tracking import EXPERIMENTAL, EXPERIMENTAL_REASON, MlflowSink, sync
 
 STARTED = 1.7e9
 
@@ -203,7 +203,7 @@ def test_a_mark_tags_the_runs_in_mlflow_and_sync_tags_those_it_could_not(tmp_pat
     does not, the mark waits in the journal and `amp-harness sync` tags them."""
     written = write_journal(tmp_path, "d" * 32)
     uri = store_in(tmp_path, empty_store)
-    MlflowSink(uri, reports=tmp_path).sync(written)
+    sync(MlflowSink(uri, reports=tmp_path), written)
     down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     said = marked(capsys, "mark", "dddd", "experimental", "--reason", "a try", "--reports",
                   str(tmp_path), "--tracking-uri", down)  # fmt: skip

@@ -326,7 +326,7 @@ def test_a_scaler_that_takes_no_step_is_never_safe():
 
 
 def _judged(reference_loss, loss, noise=0.0, skips=None, scale=None):
-    from harness.lab.diagnose.rules import Diagnosis, Run
+    from harness.lab.diagnose.observed import Diagnosis, Run
 
     reference = Run("fp32", loss=reference_loss)
     run = Run(
@@ -426,7 +426,8 @@ def test_drift_is_a_finding_only_beyond_fp32s_own_spread():
 
 
 def test_the_forecast_extends_the_growth_and_says_where_it_reaches_65504():
-    from harness.lab.diagnose.rules import OpRange, Run, forecast
+    from harness.lab.diagnose.curves import forecast
+    from harness.lab.diagnose.observed import OpRange, Run
 
     run = Run("fp32")
     run.ops["ff.wo:mm"] = OpRange("float32", peak=4000, peaks=[1000, 2000, 3000, 4000])
@@ -715,7 +716,7 @@ def test_a_logged_loss_that_overflows_is_told_from_training_that_diverges():
 
 
 def test_the_terminal_wraps_every_reason_and_cuts_none():
-    from harness.lab.diagnose.rules import Diagnosis, Run
+    from harness.lab.diagnose.observed import Diagnosis, Run
     from harness.reports.diagnoses import render
 
     words = [f"reason-{i:03d}" for i in range(120)]  # 1,320 characters
@@ -820,7 +821,7 @@ def test_diagnose_measures_fp32s_spread_from_the_factorys_seeds():
 
 def _trained(recipe: str, ends: list[float], scale: float = 1.0) -> list:
     """Runs whose loss falls from 4 to `end * scale` and whose held-out loss is the same."""
-    from harness.lab.diagnose.rules import Run
+    from harness.lab.diagnose.observed import Run
 
     return [Run(recipe, loss=[4.0, 3.0, e * scale, e * scale], held_out_loss=e * scale)
             for e in ends]  # fmt: skip
@@ -920,7 +921,7 @@ def test_a_fix_that_changes_the_optimizer_is_judged_against_fp32_with_the_same_c
 
 
 def _verified(run_end: float, held_out: float):
-    from harness.lab.diagnose.rules import Run
+    from harness.lab.diagnose.observed import Run
     from harness.lab.diagnose.verify import Noise, _truth
 
     reference = Run("fp32", loss=[2.0] + [1.0] * 7, held_out_loss=1.0)
@@ -964,7 +965,7 @@ def test_a_low_cosine_is_lost_precision_only_where_fp32s_own_direction_holds(
     # fp32 over 150 steps ended -0.25% from it (sd 4.6%, p = 0.87). fp32's own gradient turns to
     # 0.017 when its weights are rounded to bfloat16: the cosine measures the model's chaos.
     # What is left as evidence: whether the largest values are rounded in the run.
-    from harness.lab.diagnose.rules import Diagnosis, OpRange, Run
+    from harness.lab.diagnose.observed import Diagnosis, OpRange, Run
 
     losses = [4.9, 4.85, 4.85, 4.8]
     reference = Run("fp32", loss=losses, ops={"attn:bmm": OpRange("float32", peak=6e4)})
@@ -986,7 +987,7 @@ def test_attention_kept_in_fp32_holds_under_bf16_on_a_chaotic_model():
     # is measured as chaotic under bfloat16's rounding.
     import zoo
 
-    from harness.lab.diagnose.rules import COSINE_MIN
+    from harness.lab.diagnose.thresholds import COSINE_MIN
 
     found = diagnose.diagnose(zoo.attn_hot, "cpu", steps=STEPS, names=["amp-bf16"])
     run = found.runs["amp-bf16"]

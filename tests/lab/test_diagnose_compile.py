@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch._dynamo.backends.debugging import aot_eager
 
 from harness import cli
-from harness.lab.autocast import compiled
+from harness.lab.autocast import torch_compile
 from harness.lab.diagnose import diagnose
 from harness.lab.diagnose.examples import mlp
 
@@ -32,7 +32,7 @@ def test_aot_eager_trains_every_recipe_as_eager():
 def test_a_compiled_output_in_another_dtype_is_said_to_differ():
     """Every Linear's output cast to float32 inside the graph: under bf16 autocast the compiled
     model's output is float32 where eager's is bfloat16; fp32's is float32 either way."""
-    rows = _rows(compiled.casting_backend(F.linear, torch.float32))
+    rows = _rows(torch_compile.casting_backend(F.linear, torch.float32))
     assert rows["fp32"]["as_eager"], rows["fp32"]
     assert not rows["amp-bf16"]["as_eager"]
     assert "output is float32 where eager's is bfloat16" in rows["amp-bf16"]["why"]

@@ -97,7 +97,7 @@ def test_a_gradient_off_fp32s_with_a_faulty_kernel_is_the_kernels_not_rounding(f
     # resnet18 under amp-bf16: the faulty kernel's unwritten taps held 6e20, its first gradient's
     # cosine with fp32's was 0.000, and "loses precision" kept 14 modules in fp32 where one was at
     # fault. Control: the same cosine without a kernel fault is precision lost.
-    from harness.lab.diagnose.rules import Diagnosis, Run
+    from harness.lab.diagnose.observed import Diagnosis, Run
 
     reference = Run("fp32", loss=[1.0, 0.9, 0.8, 0.7])
     run = Run("amp-bf16", loss=[1.0, 0.9, 0.8, 0.7], cosine=0.0, kernel_faults=faults)

@@ -11,6 +11,7 @@ import torch
 from conftest import load_scenario
 
 from harness.cli import main
+from harness.common.versions import version_key
 from harness.lab import releases
 from harness.reports import changes, differences
 
@@ -172,6 +173,6 @@ def test_the_committed_page_is_what_the_committed_baselines_generate(monkeypatch
 
 def test_versions_order_as_numbers():
     versions = ["2.13.0+cpu", "2.4.1+cu121", "2.14.1", "2.9.1+cu128"]
-    assert sorted(versions, key=releases.version_key) == [
+    assert sorted(versions, key=version_key) == [
         "2.4.1+cu121", "2.9.1+cu128", "2.13.0+cpu", "2.14.1",
     ]  # fmt: skip

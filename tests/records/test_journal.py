@@ -617,14 +617,14 @@ def test_a_session_entry_written_after_its_records_takes_them(tmp_path):
 def test_sync_sends_the_records_of_a_rebuilt_session(tmp_path, empty_store):
     from tracked import runs, store_in
 
-    from harness.records.tracking import MlflowSink
+    from harness.records.tracking import MlflowSink, sync
 
     journal = Journal(tmp_path / "journal.jsonl")
     for index in (1, 2):
         journal.append(record_entry(tmp_path, "lost", index))
     uri = store_in(tmp_path, empty_store)
     with pytest.warns(UserWarning, match="rebuilt"):
-        counts = MlflowSink(uri, reports=tmp_path).sync(journal)
+        counts = sync(MlflowSink(uri, reports=tmp_path), journal)
     assert (counts["sessions"], counts["records_sent"]) == (1, 2)
     kinds = sorted(r.data.tags["amp.kind"] for r in runs(uri))
     assert kinds == ["session", "test", "test"]

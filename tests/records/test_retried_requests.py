@@ -23,7 +23,7 @@ from tracked import (
 )
 
 from harness.records.journal import Journal
-from harness.records.tracking import BoundedClient, MlflowSink
+from harness.records.tracking import BoundedClient, MlflowSink, sync
 from harness.reports import report
 
 # The tests on the server run on one xdist worker, which starts it once (the fixture `server`).
@@ -145,11 +145,11 @@ def test_sync_through_retried_requests_deletes_the_copies_it_made(tmp_path, flak
     server, proxy = flaky
     journal = write_journal(tmp_path, "s1", records=6)
     write_journal(tmp_path, "s2", records=6, ended=False)
-    counts = MlflowSink(proxy.uri, reports=tmp_path).sync(journal)
+    counts = sync(MlflowSink(proxy.uri, reports=tmp_path), journal)
     assert counts["records_sent"] == 12 and counts["copies_deleted"] >= 1, counts
     assert sorted(r.data.tags["amp.session_id"] for r in sessions_of(server.uri)) == ["s1", "s2"]
     assert_each_record_once_and_whole(journal, server.uri)
-    again = MlflowSink(server.uri, reports=tmp_path).sync(journal)
+    again = sync(MlflowSink(server.uri, reports=tmp_path), journal)
     assert (again["records_present"], again["records_sent"], again["copies_deleted"]) == (12, 0, 0)
 
 
@@ -160,7 +160,7 @@ def test_the_report_takes_the_parent_run_that_ended(tmp_path, empty_store):  # n
     uri = store_in(tmp_path, empty_store)
     journal = write_journal(tmp_path, "s1", records=2)
     sink = MlflowSink(uri, reports=tmp_path)
-    sink.sync(journal)
+    sync(sink, journal)
     (parent,) = sessions_of(uri)
     for started in (parent.info.start_time - 1000, parent.info.start_time + 1000):
         sink.client.create_run(parent.info.experiment_id, started, {
@@ -191,7 +191,7 @@ def test_sync_through_an_answer_cut_once_completes(tmp_path, cutting):
     server, proxy = cutting
     journal = write_journal(tmp_path, "s1", records=3)
     write_journal(tmp_path, "s2", records=3, ended=False)
-    counts = MlflowSink(proxy.uri, reports=tmp_path).sync(journal)  # before: "sync stopped"
+    counts = sync(MlflowSink(proxy.uri, reports=tmp_path), journal)  # before: "sync stopped"
     assert proxy.cut == 1, "the proxy cut no answer"
     assert (counts["records_sent"], counts["copies_deleted"]) == (6, 1), counts
     parents = sessions_of(server.uri)

@@ -142,8 +142,8 @@ def test_dead_server_costs_seconds_loses_nothing_and_sync_replays_once(
     names = sorted(r.info.run_name for r in runs(uri))
     assert names[-1].endswith(" · test_first")  # only what got there
     assert len(runs(uri)) == 2  # the second session's parent and its first child
-    first = MlflowSink(uri).sync(journal(pytester))
-    again = MlflowSink(uri).sync(journal(pytester))
+    first = tracking.sync(MlflowSink(uri), journal(pytester))
+    again = tracking.sync(MlflowSink(uri), journal(pytester))
     assert (first["records_present"], first["records_sent"]) == (1, 5)
     assert (again["records_present"], again["records_sent"]) == (6, 0)
     all_runs = runs(uri)
@@ -276,7 +276,7 @@ def test_a_run_left_half_logged_by_a_killed_session_is_replaced_by_sync(tmp_path
     half = [run for (run,) in logged(uri).values() if run.data.tags["amp.complete"] == "false"]
     assert len(half) == 1 and half[0].data.metrics == {}  # the run MLflow made, and nothing else
 
-    counts = MlflowSink(uri, reports=tmp_path).sync(journal)
+    counts = tracking.sync(MlflowSink(uri, reports=tmp_path), journal)
     assert (counts["records_present"], counts["records_sent"]) == (1, 2)
     assert (counts["records_replaced"], counts["sessions_killed"]) == (1, 1)
     assert_each_record_once_and_whole(journal, uri)
@@ -284,7 +284,7 @@ def test_a_run_left_half_logged_by_a_killed_session_is_replaced_by_sync(tmp_path
     assert parent.info.status == "KILLED"
     assert "journal has no end for this session" in parent.data.tags["amp.end_reason"]
 
-    again = MlflowSink(uri, reports=tmp_path).sync(journal)
+    again = tracking.sync(MlflowSink(uri, reports=tmp_path), journal)
     assert (again["records_present"], again["records_sent"], again["sessions_killed"]) == (3, 0, 0)
     assert_each_record_once_and_whole(journal, uri)
 
@@ -313,7 +313,7 @@ def test_a_result_mlflow_refuses_leaves_no_half_run_and_sync_sends_it(tmp_path, 
                             "limit 6000"]  # fmt: skip
     assert session.records[0].record_id not in logged(uri)  # no half run that looks logged
 
-    counts = MlflowSink(uri, reports=tmp_path).sync(journal)
+    counts = tracking.sync(MlflowSink(uri, reports=tmp_path), journal)
     assert (counts["records_present"], counts["records_sent"]) == (2, 1)
     assert_each_record_once_and_whole(journal, uri)
 
@@ -324,12 +324,12 @@ def test_sync_leaves_a_session_that_still_runs_to_its_own_process(tmp_path, empt
     uri = store_in(tmp_path, empty_store)
     running = Running(tmp_path, "s1")  # what a live session holds
     try:
-        counts = MlflowSink(uri, reports=tmp_path).sync(journal)
+        counts = tracking.sync(MlflowSink(uri, reports=tmp_path), journal)
         assert (counts["sessions_running"], counts["records_sent"]) == (1, 0)
         assert runs(uri) == []  # neither logged twice nor ended as killed under its feet
     finally:
         running.close()
-    counts = MlflowSink(uri, reports=tmp_path).sync(journal)  # now it is over: killed
+    counts = tracking.sync(MlflowSink(uri, reports=tmp_path), journal)  # now it is over: killed
     assert (counts["records_sent"], counts["sessions_killed"]) == (3, 1)
 
 
@@ -383,14 +383,14 @@ import json, sys
 from pathlib import Path
 import mlflow.store.tracking.sqlalchemy_store  # imported before the start: both start at once
 from harness.records.journal import Journal
-from harness.records.tracking import MlflowSink
+from harness.records.tracking import MlflowSink, sync
 folder = Path(sys.argv[1])
 """
 CONCURRENT_SYNC += (
     AT_THE_START
     + """
 sink = MlflowSink(f"sqlite:///{folder}/mlflow.db", reports=folder)
-print(json.dumps(sink.sync(Journal(folder / "journal.jsonl"))))
+print(json.dumps(sync(sink, Journal(folder / "journal.jsonl"))))
 """
 )
 
@@ -439,8 +439,8 @@ def test_a_quote_in_a_session_id_does_not_break_sync(tmp_path, empty_store):
     journal = write_journal(tmp_path, 'it\'s a "quoted" id', records=2)
     write_journal(tmp_path, "plain", records=2)
     uri = store_in(tmp_path, empty_store)
-    first = MlflowSink(uri, reports=tmp_path).sync(journal)
-    again = MlflowSink(uri, reports=tmp_path).sync(journal)
+    first = tracking.sync(MlflowSink(uri, reports=tmp_path), journal)
+    again = tracking.sync(MlflowSink(uri, reports=tmp_path), journal)
     assert (first["sessions"], first["records_sent"]) == (2, 4)
     assert (again["records_present"], again["records_sent"]) == (4, 0)
     assert_each_record_once_and_whole(journal, uri)
@@ -653,7 +653,7 @@ def test_a_question_mark_or_hash_in_the_reports_path(pytester, folder):
     for run in children:
         local = Path(unquote(urlparse(run.info.artifact_uri).path))
         assert local.is_relative_to(reports / "mlartifacts") and (local / "record.json").is_file()
-    counts = MlflowSink(uri, reports=reports).sync(journal_at(reports))
+    counts = tracking.sync(MlflowSink(uri, reports=reports), journal_at(reports))
     assert (counts["records_present"], counts["records_sent"]) == (3, 0)
     assert visible(pytester.path) == sorted(["scenarios", folder])
 
@@ -708,7 +708,7 @@ def test_a_busy_server_answering_in_6_s_serves_the_report(mlflow_server, tmp_pat
     from harness.reports import report
 
     (tmp_path / "reports").mkdir()
-    MlflowSink(mlflow_server.start().uri).sync(write_journal(tmp_path / "reports"))
+    tracking.sync(MlflowSink(mlflow_server.start().uri), write_journal(tmp_path / "reports"))
     prompt = FlakyProxy(mlflow_server.uri, every=10**9).start()  # every=10**9: no 500s
     busy = FlakyProxy(mlflow_server.uri, every=10**9, answer_after_s=6).start()
     try:
@@ -839,7 +839,7 @@ def test_sync_waits_for_a_busy_server_as_the_report_does(tmp_path, empty_store):
     to COMMAND, its checks and the writes it replays alike."""
     sink = MlflowSink(store_in(tmp_path / "reports", empty_store), reports=tmp_path / "reports")
     assert sink.client.bounds == tracking.SESSION
-    assert sink.sync(write_journal(tmp_path / "reports", records=1))["records_sent"] == 1
+    assert tracking.sync(sink, write_journal(tmp_path / "reports", records=1))["records_sent"] == 1
     assert sink.client.bounds == tracking.COMMAND
 
 

@@ -15,7 +15,15 @@ from harness import cli
 from harness.catalogue import verdicts
 from harness.common.errors import HarnessError
 from harness.records.journal import Journal, Session
-from harness.reports import baseline, compare, kinds
+from harness.reports import (
+    attribution,
+    baseline,
+    compare,
+    comparison,
+    comparison_view,
+    kinds,
+    significance,
+)
 
 TEST = "scenarios/test_scn.py::test_bytes"
 ACCURACY = {"mlp/amp-fp16/seed0/val_accuracy": 90.0, "mlp/amp-fp16/seed1/val_accuracy": 92.0,
@@ -65,7 +73,7 @@ def test_a_changed_verdict_is_a_regression_with_its_evidence():
     assert result.regressions == [
         f"FMT-BYTES ({TEST}): verdict refuted -> confirmed: fp16 2 bytes{SAME_ENVIRONMENT}"
     ]
-    assert change.attribution == compare.Attribution(kinds.UNEXPLAINED, compare.NOTHING_DIFFERS)
+    assert change.attribution == kinds.Attribution(kinds.UNEXPLAINED, attribution.NOTHING_DIFFERS)
 
 
 def test_seed_repetitions_shifted_by_half_are_flagged_naming_claim_and_metric():
@@ -108,7 +116,7 @@ def test_a_metric_without_repetitions_is_listed_but_never_flagged():
 
 
 def test_repetitions_are_seed_round_and_rank_path_components_only():
-    grouped = compare._quantities(
+    grouped = significance.quantities(
         {"rank0/scale": 1, "rank1/scale": 1, "a/round3/x": 1, "lr0.1/loss": 1, "seed": 1,
          "seed0_loss": 1}
     )  # fmt: skip
@@ -422,9 +430,9 @@ def test_a_decision_missing_now_is_a_regression_unless_the_run_was_partial():
     result = compare.compare(
         with_verdict("confirmed", True), with_verdict("skipped", False, renamed)
     )
-    same = compare.Attribution(kinds.UNEXPLAINED, compare.NOTHING_DIFFERS)
+    same = kinds.Attribution(kinds.UNEXPLAINED, attribution.NOTHING_DIFFERS)
     assert result.lost == [
-        compare.LostDecision("FMT-BYTES", "confirmed", "skipped", "65536 -> 32768", same)
+        comparison.LostDecision("FMT-BYTES", "confirmed", "skipped", "65536 -> 32768", same)
     ]
     assert "FMT-BYTES: decided (confirmed) before, skipped now" in result.regressions[0]
 
@@ -481,11 +489,11 @@ def test_an_id_that_names_no_session_lists_the_latest_few_not_a_years_history(tm
 LONG_EVIDENCE = "scale 65536 -> 32768 after an injected inf at step 3; " * 6
 
 
-def rendered(result: compare.Comparison, width: int, terminal: bool) -> list[str]:
+def rendered(result: comparison.Comparison, width: int, terminal: bool) -> list[str]:
     from rich.console import Console
 
     out = io.StringIO()
-    compare.render(result, Console(file=out, width=width, force_terminal=terminal))
+    comparison_view.render(result, Console(file=out, width=width, force_terminal=terminal))
     return [ansi.sub("", line) for line in out.getvalue().splitlines()]
 
 

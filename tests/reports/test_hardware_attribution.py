@@ -14,7 +14,8 @@ import pytest
 from rich.console import Console
 
 from harness import cli
-from harness.reports import baseline, changes, compare, differences, kinds
+from harness.reports import baseline, changes, compare, comparison_view, differences, kinds
+from harness.reports.comparison import Comparison, MetricChange
 
 TEST = "scenarios/test_autocast_atlas.py::test_the_documented_autocast_lists_hold[bfloat16]"
 TIMING = "scenarios/test_speed.py::test_amp_is_faster"
@@ -66,9 +67,9 @@ def summary(facts: dict, verdict: str = "confirmed", depends=("bf16_rnn",), **me
     }
 
 
-def rendered(comparison: compare.Comparison) -> list[str]:
+def rendered(comparison: Comparison) -> list[str]:
     console = Console(record=True, width=160)
-    compare.render(comparison, console)
+    comparison_view.render(comparison, console)
     return console.export_text().splitlines()
 
 
@@ -156,7 +157,7 @@ def test_a_change_with_nothing_different_says_so_and_names_a_new_commit():
 BITS = "scenarios/test_formats.py::test_bits"
 
 
-def lost(facts: dict, depends: tuple[str, ...]) -> compare.Comparison:
+def lost(facts: dict, depends: tuple[str, ...]) -> Comparison:
     """The claim decided on the Xeon, skipped on `facts` by a test of its own; both runs
     share another verdict, so that they overlap."""
     before, after = summary(XEON, depends=depends), summary(facts, depends=depends)
@@ -185,7 +186,7 @@ SEEDS = {f"seed{i}/ratio": v for i, v in enumerate((1.0, 1.1, 1.05))}
 SLOWER = {f"seed{i}/ratio": v for i, v in enumerate((2.0, 2.1, 2.05))}
 
 
-def metric(before: dict, after: dict, depends=(), key=()) -> compare.MetricChange:
+def metric(before: dict, after: dict, depends=(), key=()) -> MetricChange:
     a = summary(XEON, depends=depends, key=key, **before)
     b = summary(after.pop("_facts"), depends=depends, key=key, **after)
     (change,) = compare.compare(a, b).metrics
@@ -206,7 +207,7 @@ def test_a_timing_tests_key_metric_across_classes_is_explained_by_the_class():
 
 def test_a_statistical_metric_across_classes_is_explained_whatever_the_test_depends_on():
     change = metric(SEEDS, {"_facts": EPYC, **SLOWER})
-    assert change.attribution == compare.Attribution(
+    assert change.attribution == kinds.Attribution(
         kinds.HARDWARE,
         f"explained by the hardware: measured on another hardware class ({CLASSES}): the "
         "kernels of another instruction set round differently",
@@ -239,7 +240,7 @@ def test_the_reports_comparison_rows_carry_the_attribution(monkeypatch, tmp_path
     path = tmp_path / "base.json"
     path.write_text(json.dumps(summary(XEON)))
     last = summary(EPYC, "partly", depends=("bf16_rnn",), **SLOWER)
-    monkeypatch.setattr(compare, "load", lambda spec, journal: ("session x", last))
+    monkeypatch.setattr(baseline, "load", lambda spec, journal: ("session x", last))
     base = summary(XEON, **SEEDS)
     monkeypatch.setattr(baseline, "read_baseline", lambda given: base)
     rows = cli.report.baseline_comparison(tmp_path, str(path), tmp_path)
@@ -251,7 +252,8 @@ def test_the_reports_comparison_rows_carry_the_attribution(monkeypatch, tmp_path
     assert rows[1]["what"].startswith(f"{CLAIM} ({TEST}): verdict confirmed -> partly")
     assert "bf16_rnn: yes vs no" in rows[1]["why"]
     # Negative control: on one class both are regressions, listed first as such.
-    monkeypatch.setattr(compare, "load", lambda spec, journal: ("x", {**last, "fingerprint": XEON}))
+    on_one_class = {**last, "fingerprint": XEON}
+    monkeypatch.setattr(baseline, "load", lambda spec, journal: ("x", on_one_class))
     rows = cli.report.baseline_comparison(tmp_path, str(path), tmp_path)
     assert [row["change"] for row in rows] == ["verdict", "metric, flagged"]
 

@@ -27,7 +27,7 @@ from harness.catalogue.claims import VERDICTS, catalogue
 from harness.common.errors import HarnessError
 from harness.records.journal import Journal
 from harness.records.tracking import MlflowSink
-from harness.reports import history, ledger, ranges, report
+from harness.reports import history, ledger, ledger_history, ledger_read, ranges, report
 
 AVX512 = {**CPU, "hardware_class": "cpu-x86-64-avx512-bf16", "torch": "2.11.0+cpu"}
 AVX2 = {**CPU, "hardware_class": "cpu-x86-64-avx2", "torch": "2.11.0+cpu"}
@@ -165,7 +165,7 @@ def test_the_history_is_text_and_escaped():
     point = history.Point("s", "<b>x</b> [a](javascript:1)", "2025-01-01 00:00", 1.0, "2.13",
                           None, {"FMT-BITS": ("confirmed", "confirmed")})  # fmt: skip
     (found,) = history.build({"cls": [point]})
-    context = {"history": [found], "history_rows": ledger._history_rows([found]),
+    context = {"history": [found], "history_rows": ledger_history.rows([found]),
                "history_shown": history.SHOWN}  # fmt: skip
     text = "\n".join(report._history_markdown(context))
     assert "&lt;b>x&lt;/b> \\[a\\](javascript:1)" in text and "<b>" not in text
@@ -332,9 +332,9 @@ def test_the_report_with_its_history_over_a_long_store(long_history, tmp_path, m
     uri = f"sqlite:///{reports / 'mlflow.db'}"
     report.build(uri, tmp_path / "warm")  # the first build imports Jinja2 and matplotlib
     with_s, index = timed(report.build, uri, tmp_path / "with")
-    history_s, timeline = timed(ledger._history, _runs(uri), lambda run_id: run_id)
+    history_s, timeline = timed(ledger_history.per_class, _runs(uri), lambda run_id: run_id)
     with monkeypatch.context() as patch:
-        patch.setattr(ledger, "_history", lambda runs, link: [])
+        patch.setattr(ledger_history, "per_class", lambda runs, link: [])
         without_s, _index = timed(report.build, uri, tmp_path / "without")
     spec = f"{ids[0][:12]}..{ids[-1][:12]}"
     range_s, found = timed(ranges.over, Journal(reports / "journal.jsonl"), spec)
@@ -363,7 +363,7 @@ def timed(function, *args):
 def _runs(uri: str) -> list:
     from harness.records import tracking
 
-    client, experiment_id = ledger._open(uri, "amp-harness")
+    client, experiment_id = ledger_read._open(uri, "amp-harness")
     return tracking.search_runs(client, experiment_id)
 
 

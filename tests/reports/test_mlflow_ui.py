@@ -45,7 +45,7 @@ from harness.records.tracking import (
     ui_url,
     views,
 )
-from harness.reports import ledger, report
+from harness.reports import ledger_read, report
 
 REPO = Path(__file__).resolve().parents[2]
 needs_a_browser = [
@@ -134,7 +134,7 @@ def test_a_session_saves_the_views_and_the_report_links_the_first(two_environmen
     for key, value in views().items():
         assert experiment.tags[key] == value
     page = report.build(default_uri(two_environments), tmp_path / "report").read_text()
-    link = ui_url(ledger.EMBEDDED_UI, experiment.experiment_id).replace("&", "&amp;")
+    link = ui_url(ledger_read.EMBEDDED_UI, experiment.experiment_id).replace("&", "&amp;")
     words = "the test runs of every environment, by claim"
     assert f'<a href="{link}" rel="noreferrer">{words}</a>' in page
 

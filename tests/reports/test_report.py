@@ -30,7 +30,7 @@ from harness.common.errors import HarnessError
 from harness.records import tracking
 from harness.records.journal_index import EXPERIMENTAL, MARK, mark
 from harness.records.tracking import MLFLOW_ENV, UI_VIEW, MlflowSink, default_uri, resolve_uri
-from harness.reports import ledger, report, table
+from harness.reports import ledger, ledger_columns, ledger_read, ledger_sessions, report, table
 
 SCRIPT = "<script>alert(1)</script>"
 # How summary.md names a column's class when its fingerprint predates classes (sessions.CPU's).
@@ -178,10 +178,10 @@ def test_each_verdict_links_to_its_run_in_the_mlflow_ui(built, store):
     page = (built / "index.html").read_text()
     url = f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{run.info.run_id}?{UI_VIEW}"
     assert f'<a href="{url}"' in cells(ledger_row(page, "FMT-BYTES"))[0]
-    assert ledger._ui("https://user:secret@mlflow.example.com:8443/") == (
+    assert ledger_read._ui("https://user:secret@mlflow.example.com:8443/") == (
         "https://user@mlflow.example.com:8443"
     )
-    assert ledger._ui("postgresql://u:p@db/mlflow") == ledger.EMBEDDED_UI
+    assert ledger_read._ui("postgresql://u:p@db/mlflow") == ledger_read.EMBEDDED_UI
 
 
 def test_uncovered_claims_say_whether_they_never_ran_or_why_nothing_stands(built):
@@ -447,11 +447,13 @@ def parent_run(status: str, end_time: int | None, tags=None, **metrics: float) -
 )
 def test_which_sessions_are_incomplete(parent, tests, why):
     runs = [parent_run("FINISHED", 1, {"amp.complete": "true"})] * tests
-    found = ledger._incomplete(parent, runs)
+    found = ledger_sessions._incomplete(parent, runs)
     assert found.startswith(why) and bool(found) == bool(why)
     if tests and not why:  # a test run created and never finished logging
         half = [parent_run("FINISHED", 1, {"amp.complete": "false"}), *runs[1:]]
-        assert ledger._incomplete(parent, half).startswith(f"1 of its {tests} test runs only")
+        assert ledger_sessions._incomplete(parent, half).startswith(
+            f"1 of its {tests} test runs only"
+        )
 
 
 def test_a_megabyte_of_evidence_is_cut_on_the_page_and_links_to_its_run(unfinished):
@@ -459,8 +461,8 @@ def test_a_megabyte_of_evidence_is_cut_on_the_page_and_links_to_its_run(unfinish
     _gpu, cpu = cells(ledger_row(page, "FMT-RANGE"))
     shown = re.search(r'<span class="evidence">(.*?)</span>', cpu, re.S).group(1)
     assert shown.startswith("ratio 0.5; ratio 0.5;") and len(shown) < table.EVIDENCE_CHARS + 200
-    assert re.search(rf"… \([\d,]+ more characters {ledger.IN_MLFLOW}\)$", shown)
-    assert ledger.IN_MLFLOW == "cut here; record.json in its MLflow run holds the full text"
+    assert re.search(rf"… \([\d,]+ more characters {ledger_columns.IN_MLFLOW}\)$", shown)
+    assert ledger_columns.IN_MLFLOW == "cut here; record.json in its MLflow run holds the full text"
     assert re.search(r'<a href="http://127.0.0.1:5000/#/experiments/\d+/runs/\w+\?', cpu)
     assert len(page) < 200_000
     assert len((unfinished / "summary.md").read_text()) < 20_000
@@ -807,7 +809,7 @@ def test_a_second_parent_run_is_neither_the_session_nor_a_test(order):
     ended, copy = _run("p1", "session", start=1), _run("p2", "session", "RUNNING", start=2)
     tests = [_run(f"t{i}", "test", start=3 + i, parent="p1") for i in range(2)]
     parents = [ended, copy] if order == "ended-first" else [copy, ended]
-    ((_env, session),) = ledger._sessions([*parents, *tests], link=lambda run_id: run_id)
+    ((_env, session),) = ledger_sessions.sessions([*parents, *tests], link=lambda run_id: run_id)
     assert session.name == "p1" and [r.info.run_id for r in session.runs] == ["t0", "t1"]
 
 

@@ -14,6 +14,7 @@ import pytest
 from harness import cli
 from harness.catalogue import verdicts
 from harness.common.errors import HarnessError
+from harness.common.versions import version_key
 from harness.lab import releases
 from harness.records.journal import Journal
 from harness.reports import accepted, baseline, compare, kinds, nearest, upgrade
@@ -306,7 +307,7 @@ def test_every_upgrade_between_committed_releases_is_explained():
         releases_of.setdefault(candidate.hardware_class, []).append(candidate.torch)
     compared = 0
     for hardware_class, found in releases_of.items():
-        ordered = sorted(found, key=releases.version_key)
+        ordered = sorted(found, key=version_key)
         for since, until in zip(ordered, ordered[1:], strict=False):
             reviewed = accepted.read(accepted.default_path(COMMITTED), None)
             ((step, _),) = upgrade.steps(COMMITTED, since, until, reviewed, hardware_class)

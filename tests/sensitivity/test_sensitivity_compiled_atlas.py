@@ -12,7 +12,7 @@ import torch
 from conftest import assert_fails_naming
 
 from harness.lab import releases
-from harness.lab.autocast import compiled, compiled_atlas
+from harness.lab.autocast import compiled_atlas, torch_compile
 from harness.lab.autocast import ops as autocast_ops
 
 MODULE = "test_compiled_atlas.py"
@@ -47,7 +47,7 @@ def test_an_op_whose_compiled_dtype_is_broken_is_named_alone(target, op):
     """The ops share one graph: a cast after one of them changes its output alone, and the
     comparison says which op and how."""
     found = compiled_atlas.measure(
-        CPU, torch.bfloat16, compiled.casting_backend(target, torch.float32), ops=list(FEW)
+        CPU, torch.bfloat16, torch_compile.casting_backend(target, torch.float32), ops=list(FEW)
     )
     named = {name: f.mismatches for name, f in found.items() if f.mismatches}
     assert list(named) == [op], named
@@ -79,14 +79,14 @@ def test_an_op_that_breaks_the_graph_is_named_not_compiled_and_the_rest_measured
 
 def test_a_compiled_mismatch_is_named_in_the_verdict(run_scenario, pytester, monkeypatch, few_ops):
     """aot_eager made to return sigmoid in float32: the claim is partly, naming sigmoid."""
-    real = compiled.fresh
+    real = torch_compile.fresh
 
     def broken(fn, backend, **kwargs):
         if backend == "aot_eager":
-            backend = compiled.casting_backend(torch.sigmoid, torch.float32)
+            backend = torch_compile.casting_backend(torch.sigmoid, torch.float32)
         return real(fn, backend, **kwargs)
 
-    monkeypatch.setattr(compiled, "fresh", broken)
+    monkeypatch.setattr(torch_compile, "fresh", broken)
     run_scenario(MODULE, "-k", "bfloat16 and aot_eager").assert_outcomes(passed=1, deselected=3)
     verdict, evidence = _evidence(pytester.path)["bfloat16-aot_eager"]
     assert verdict == "partly", evidence
@@ -94,7 +94,7 @@ def test_a_compiled_mismatch_is_named_in_the_verdict(run_scenario, pytester, mon
 
 
 def test_a_control_that_names_nothing_fails_the_test(run_scenario, monkeypatch, few_ops):
-    monkeypatch.setattr(compiled, "casting_backend", lambda *args: "aot_eager")
+    monkeypatch.setattr(torch_compile, "casting_backend", lambda *args: "aot_eager")
     result = run_scenario(MODULE, "-k", "bfloat16 and aot_eager")
     assert_fails_naming(result, "CMP-ATLAS")
     result.stdout.fnmatch_lines(["*CMP-ATLAS: control: a graph whose mm returns float32*got []*"])

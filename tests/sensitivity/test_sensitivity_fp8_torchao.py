@@ -8,7 +8,7 @@ import pytest
 from conftest import Toy, assert_fails_naming
 
 from harness.lab import devices
-from harness.lab.autocast import compiled
+from harness.lab.autocast import torch_compile
 
 MODULE = "test_fp8_torchao.py"
 # The nested runs compile with aot_eager alone: each break shows on it, where inductor would add
@@ -24,13 +24,13 @@ def test_the_module_passes_unbroken(run_scenario):
 
 
 def test_a_compiled_model_that_strays_from_eager_fails_naming_the_arm(run_scenario, monkeypatch):
-    real = compiled.fresh
+    real = torch_compile.fresh
 
     def straying(fn, backend, **kwargs):
         call = real(fn, backend, **kwargs)
         return lambda x: call(x) * (1 + 1e-3) if backend == "aot_eager" else call(x)
 
-    monkeypatch.setattr(compiled, "fresh", straying)
+    monkeypatch.setattr(torch_compile, "fresh", straying)
     result = run_scenario(MODULE, plugins=(AOT_ONLY,))
     assert_fails_naming(result, "FP8-TORCHAO-COMPILED")
     result.stdout.fnmatch_lines(["*predicted every compiled arm within*got aot_eager off by 0.00*"])

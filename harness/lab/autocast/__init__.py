@@ -4,7 +4,7 @@
 - `ops`: how the atlas calls each listed op (inputs, an output to differentiate);
 - `atlas`: every listed op measured under autocast on the session's device: the dtype it
   computed in, its gradients' dtypes, held against the lists;
-- `compiled`: torch.compile's helpers for the compiled claims (a fresh compile, its count, the
+- `torch_compile`: torch.compile's helpers for the compiled claims (a fresh compile, its count, the
   upstream settings that restore eager's behaviour, inductor's cache under the reports folder);
 - `compiled_atlas`: the atlas's ops under torch.compile, each held against eager.
 """

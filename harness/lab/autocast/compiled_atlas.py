@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._pytree import tree_leaves
 
-from harness.lab.autocast import compiled
 from harness.lab.autocast import ops as autocast_ops
+from harness.lab.autocast import torch_compile
 from harness.lab.autocast.atlas import as_real, output_dtype
 
 CHUNK = 24  # ops per graph: 9 graphs per input dtype for the atlas's 200
@@ -141,8 +141,8 @@ def _run_chunk(calls: list[Call], device, low, backend) -> list[tuple[list, list
     """Each op's compiled outputs and its inputs' gradients (None where eager had none)."""
     inputs = [_fresh(c.inputs, grads=c.grads is not None) for c in calls]
     flat = [t for group in inputs for t in group]
-    with compiled.denormals_kept():  # torch 2.4's inductor kernels turn flush-to-zero on
-        outs = compiled.fresh(_chunk_function(calls, device, low), backend)(*flat)
+    with torch_compile.denormals_kept():  # torch 2.4's inductor kernels turn flush-to-zero on
+        outs = torch_compile.fresh(_chunk_function(calls, device, low), backend)(*flat)
         losses = [_loss(o) for c, o in zip(calls, outs, strict=True) if c.grads is not None]
         losses = [loss for loss in losses if loss is not None]
         if losses:
@@ -178,7 +178,7 @@ def _compile(calls: list[Call], device, low, backend, failed: dict[str, str]) ->
         return {c.op: r for c, r in zip(calls, results, strict=True)}
     except Exception as error:  # noqa: BLE001 - what the compiler raised is the measurement
         if len(calls) == 1:
-            failed[calls[0].op] = compiled.error_line(error)
+            failed[calls[0].op] = torch_compile.error_line(error)
             return {}
         half = len(calls) // 2
         return _compile(calls[:half], device, low, backend, failed) | _compile(

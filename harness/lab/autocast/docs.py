@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.common.toml import tomllib
+from harness.common.versions import release_of, release_text
 
 LISTS_PATH = Path(__file__).with_name("lists.toml")
 LISTS = ("lower", "float32", "promote")
@@ -37,16 +38,6 @@ class Documented:
 
     def of(self, name: str) -> str | None:
         return self.lists.get(name)
-
-
-def release_of(version: str) -> tuple[int, int]:
-    """ "2.13.0+cpu" -> (2, 13)."""
-    major, minor = version.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
-
-
-def _text(release: tuple[int, int]) -> str:
-    return f"{release[0]}.{release[1]}"
 
 
 @functools.cache
@@ -73,8 +64,9 @@ def documented(device: str, version: str) -> Documented:
     note = ""
     if release != asked:
         note = (
-            f"torch {_text(asked)} is held to the lists of {_text(release)}, the nearest release "
-            f"whose documentation was read ({_text(read[0])} to {_text(read[-1])})"
+            f"torch {release_text(asked)} is held to the lists of {release_text(release)}, the "
+            f"nearest release whose documentation was read ({release_text(read[0])} to "
+            f"{release_text(read[-1])})"
         )
     lists: dict[str, str] = {}
     data = _data()[device]
@@ -88,7 +80,7 @@ def documented(device: str, version: str) -> Documented:
             if since <= release and (until is None or release < until):
                 lists[change["op"]] = name
     banned = tuple(data.get("banned", {}).get("ops", ()))
-    return Documented(_text(release), lists, banned, note)
+    return Documented(release_text(release), lists, banned, note)
 
 
 def every_documented_op() -> list[str]:

@@ -6,7 +6,12 @@ A factory returns a `Subject` (the model, endless batches, the loss); `diagnose(
 
 - `order`: the run order, top to bottom (the factory checked, fp32 first, each recipe, the fixes);
 - `runs`: one recipe's run, observed;
+- `observed`: what a run observed, and the `Diagnosis` that holds the runs;
+- `thresholds`: the numbers the rules judge by, each with the measurement it was set from;
+- `curves`: a loss curve's end against fp32's beyond its noise (the drift's yardstick), and an
+  op's growth forecast;
 - `rules`: the statuses, and what sets them;
+- `wording`: how the rules' reasons name an op's module, a peak's margin, autocast's lists;
 - `fixes`: each remedy, applied to a run;
 - `kernels`: the convolution kernels' probe;
 - `compiled`: each recipe compiled (--compile), against eager;
@@ -14,6 +19,8 @@ A factory returns a `Subject` (the model, endless batches, the loss); `diagnose(
 - `examples`: the factories docs/diagnose.md runs.
 """
 
+from harness.lab.diagnose.curves import end_gap, forecast
+from harness.lab.diagnose.observed import REFERENCE, Diagnosis, FixCheck, Run
 from harness.lab.diagnose.order import (
     RECIPES,
     DiagnoseError,
@@ -22,12 +29,10 @@ from harness.lab.diagnose.order import (
     factory_seeds,
     fix_reference,
 )
-from harness.lab.diagnose.rules import (  # the names a scenario asserts on
+from harness.lab.diagnose.rules import (
     BROKEN,
-    DRIFT_MAX,
     DRIFTS,
     FAILS,
-    HORIZON,
     KEEP_IN_FP32,
     LOSES_PRECISION,
     NEEDS_SCALING,
@@ -35,21 +40,15 @@ from harness.lab.diagnose.rules import (  # the names a scenario asserts on
     NOT_JUDGED,
     NOT_RUN,
     OPTIMIZER_IN_FP16,
-    REFERENCE,
     REFERENCE_STATUS,
     REGRESSION,
     SAFE,
     STATUSES,
-    UNDERFLOW_MAX,
     UNSTABLE,
-    Diagnosis,
-    FixCheck,
-    Run,
-    end_gap,
-    forecast,
     judge,
 )
 from harness.lab.diagnose.runs import Replay, Setting
+from harness.lab.diagnose.thresholds import DRIFT_MAX, HORIZON, UNDERFLOW_MAX
 
 __all__ = [
     "BROKEN", "DRIFTS", "DRIFT_MAX", "FAILS", "HORIZON", "KEEP_IN_FP32", "LOSES_PRECISION",

@@ -9,9 +9,9 @@ differs. It differs from eager where:
 - its loss goes non-finite where eager's stays finite, or the other way round;
 - GradScaler skips another number of steps;
 - its loss ends further from eager's than fp32's own seed spread (the diagnosis's noise) and
-  further than the drift rule's floor (rules.beyond_noise): the same yardstick a recipe's gap
+  further than the drift rule's floor (curves.beyond_noise): the same yardstick a recipe's gap
   to fp32 is held to.
-The op probes do not run compiled (they would break the graph): what is compared is what a
+The op observers do not run compiled (they would break the graph): what is compared is what a
 user's training sees, the loss and the output.
 """
 
@@ -25,8 +25,9 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from harness.lab import recipes
-from harness.lab.autocast import compiled
-from harness.lab.diagnose.rules import REFERENCE, Diagnosis, Run, beyond_noise, end_gap, loss_floor
+from harness.lab.autocast import torch_compile
+from harness.lab.diagnose.curves import beyond_noise, end_gap, loss_floor
+from harness.lab.diagnose.observed import REFERENCE, Diagnosis, Run
 from harness.lab.diagnose.runs import Replay, Setting, run_recipe
 
 
@@ -39,7 +40,7 @@ def compare(
     for name, eager in diagnosis.runs.items():
         if eager.unsupported or eager.error:
             continue
-        with compiled.denormals_kept():  # torch 2.4's inductor kernels turn flush-to-zero on
+        with torch_compile.denormals_kept():  # torch 2.4's inductor kernels turn flush-to-zero on
             run, _ = run_recipe(name, initial, quick, setting, watch=False, backend=backend)
             dtypes = _output_dtypes(name, initial, quick.taken[0], setting, backend)
         as_eager, why = _judge(eager, run, dtypes, diagnosis)
@@ -70,7 +71,7 @@ def _output_dtypes(
                 call: Callable = (
                     model
                     if compile_with is None
-                    else compiled.fresh(model, compile_with, fullgraph=False)
+                    else torch_compile.fresh(model, compile_with, fullgraph=False)
                 )
                 x = precision.cast_input(batch[0])
                 with torch.no_grad(), precision.forward():

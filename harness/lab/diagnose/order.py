@@ -25,24 +25,20 @@ from harness.common.errors import HarnessError
 from harness.lab import recipes
 from harness.lab.diagnose import compiled as compiled_runs  # --compile's runs
 from harness.lab.diagnose import verify as truth  # the long runs of --verify
+from harness.lab.diagnose.curves import end_gap, forecast
 from harness.lab.diagnose.fixes import Fix
+from harness.lab.diagnose.observed import REFERENCE, Diagnosis, FixCheck, Run
 from harness.lab.diagnose.rules import (
-    HORIZON,
     KEEP_IN_FP32,
     LOSES_PRECISION,
     NEEDS_SCALING,
     OPTIMIZER_IN_FP16,
-    REFERENCE,
     REFERENCE_STATUS,
     SAFE,
-    Diagnosis,
-    FixCheck,
-    Run,
-    end_gap,
-    forecast,
     judge,
 )
 from harness.lab.diagnose.runs import Redraw, Replay, Setting, StepTimeout, run_recipe, seed_spread
+from harness.lab.diagnose.thresholds import HORIZON
 from harness.lab.machine.device import DeviceInfo, probe
 
 RECIPES = ("fp32", "amp-fp16", "amp-fp16-noscaler", "amp-bf16", "half")

@@ -1,5 +1,6 @@
-"""What `amp-harness diagnose` measured, and the rules that judge it (docs/diagnose.md lists
-each rule with the measurement behind it).
+"""The rules that judge what `amp-harness diagnose` observed (harness.lab.diagnose.observed), and
+the statuses they set (docs/diagnose.md lists each rule with the measurement behind it; the
+thresholds are harness.lab.diagnose.thresholds).
 
 A recipe is called **safe** only when every rule had evidence to check and none fired: every
 loss finite, no skip recurring at a scale the scaler had settled on (its back-offs from its
@@ -13,61 +14,33 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
 
 import torch
 
 from harness.lab import recipes
-from harness.lab.autocast import docs as autocast_docs
+from harness.lab.diagnose.curves import beyond_noise, end_gap, loss_floor, window
 from harness.lab.diagnose.fixes import FP16_SAFE_EPS
-
-REFERENCE = "fp32"
-FP16_MAX = torch.finfo(torch.float16).max  # 65504
-# An op whose fp32 peak comes within this factor of 65504 is flagged: activations grow as
-# training goes on, and a few steps see only its start (t5 with its feed-forward 3x below
-# 65504 overflowed at step 426 of 1000: docs/diagnose.md).
-HEADROOM_FACTOR = 8.0
-# The forecast looks this many steps ahead (--horizon).
-HORIZON = 1000
-# Fp16 without loss scaling is flagged when, at the last step, more than this share of the
-# gradient would be lost to fp16's underflow: of the non-zero entries under AdamW (its update
-# is scale-free per entry), of the squared norm under SGD (a tiny gradient is a tiny update).
-UNDERFLOW_MAX = 0.01
-# ...unless the share stays under UNDERFLOW_SEVERE and the recipe's first gradient keeps fp32's
-# direction (cosine at least COSINE_KEPT): a BatchNorm CNN flushes 6% of its entries, all tiny,
-# and trains as fp32 does over 300 steps; a loss x1e-6 flushes 100% and learns nothing.
-UNDERFLOW_SEVERE = 0.25
-COSINE_KEPT = 0.99
-# A recipe whose first gradient (same weights, same batch as fp32's) has a cosine under this
-# with fp32's has lost the gradient's direction to precision (attention logits of 1e5 in bf16:
-# cosine 0.01, and the model never learns).
-COSINE_MIN = 0.5
-# Drift, at the end of the window (its last quarter, at least 2 steps), either way (better or
-# worse): a finding only beyond each of: DRIFT_MAX of fp32's loss, NOISE_FACTOR times fp32's own
-# seed spread (fp32 re-run from weights initialised under other seeds: what a user's rerun
-# varies, harness.lab.diagnose.runs.seed_spread), and LOSS_FLOOR times fp32's first loss (a
-# floor in the loss's own units: a relative gap to a loss near zero means nothing).
-DRIFT_MAX = 0.05
-NOISE_FACTOR = 2.0
-LOSS_FLOOR = 1e-3
-# A half model's AdamW whose fp16 second moments are 0 on more than this share of the entries
-# that have a first moment is flagged (those entries step by m/eps). Set between the zoo's
-# largest share that trained as fp32 over 150 steps (bn_raw with eps 1e-4: 10.6% at step 8;
-# healthy 0.2%, mlp_mse 5.0%) and its smallest that did not (attn_hot: 29.2%; gpt2, llama,
-# bert, t5: 69-84%): docs/diagnose-zoo-table.md. 13 models: a calibration, not a law.
-MOMENTS_LOST_MAX = 0.2
-# The GradScaler's scale falling under 1 means fp16's gradients overflow before any scaling.
-SCALE_FLOOR = 1.0
-# GradScaler starts at 65536, a guess, and halves on each overflow until the gradients fit: those
-# back-offs are calibration wherever they fall (an 8-16-1 MLP backs off at steps 4 and 5 and
-# trains as fp32). Once it has taken a step at a backed-off scale it has settled; a skip at or
-# below a settled scale recurs. One recurrence is one more halving, as calibration does (its
-# growth_interval, 2000, keeps the scale from growing back in a short window), so recurrences are
-# a finding from RECURRENT_MIN of them, on more than RECURRENT_SHARE of the steps since it
-# settled: at one in 8 the scale halves every 8 steps and leaves 65536 for under 1 (16
-# halvings) within about 128 steps.
-RECURRENT_MIN = 2
-RECURRENT_SHARE = 1 / 8
+from harness.lab.diagnose.observed import REFERENCE, Diagnosis, Run
+from harness.lab.diagnose.thresholds import (
+    COSINE_KEPT,
+    COSINE_MIN,
+    DRIFT_MAX,
+    FP16_MAX,
+    HEADROOM_FACTOR,
+    MOMENTS_LOST_MAX,
+    NOISE_FACTOR,
+    SCALE_FLOOR,
+    UNDERFLOW_MAX,
+    UNDERFLOW_SEVERE,
+)
+from harness.lab.diagnose.wording import (
+    autocast_policy,
+    fix_modules,
+    margin,
+    module_of,
+    modules_named,
+    other_device_note,
+)
 
 # Statuses, the most severe first: a recipe gets the first that applies, and every reason.
 REGRESSION = "capability regression"
@@ -88,269 +61,6 @@ STATUSES = (
 NOT_RUN, REFERENCE_STATUS = "not run", "reference"  # a recipe the device lacks; fp32 itself
 # The statuses a diagnosis can end with that are no judgement of the model: the command exits 1.
 BROKEN = (REGRESSION, NOT_JUDGED)
-
-
-@dataclass
-class OpRange:
-    """One op, named `module:op`, under one recipe, over the steps."""
-
-    dtype: str  # of its output
-    peak: float = 0.0  # largest |output| (inf when an output held inf or NaN)
-    input_peak: float = 0.0  # largest |input| it was given (measured in fp32's run)
-    nonfinite: int = 0  # calls whose output held inf or NaN
-    peaks: list[float] = field(default_factory=list)  # per step
-
-
-@dataclass
-class NormState:
-    """A norm layer's running statistics (BatchNorm's mean and variance) under one recipe."""
-
-    kind: str
-    half: bool  # its parameters or running statistics are 16-bit
-    stat_peak: float = 0.0  # largest finite |running statistic|
-    stat_nonfinite: int = 0  # inf/NaN entries in its running statistics at the last step
-
-
-@dataclass
-class FixCheck:
-    """A recommended fix, tried over the quick look's steps."""
-
-    fix: str  # as harness.lab.diagnose.fixes.Fix.describe() says it
-    status: str  # what the rules say of the fixed run
-    reasons: list[str]
-    held: bool  # the fixed run is safe: nothing the rules look for is left
-    reference: str = REFERENCE  # what it was judged against: fp32 with the fix's optimizer change
-
-
-@dataclass
-class Forecast:
-    """A straight line through an op's per-step peaks, extended to fp16's 65504."""
-
-    op: str
-    peak: float  # at the last step
-    growth: float  # per step
-    step: int  # where the line reaches 65504
-
-
-@dataclass
-class Run:
-    """What one recipe did on the subject."""
-
-    recipe: str
-    unsupported: str = ""  # why the device does not run it ("" when it ran)
-    regression: bool = False  # ...and this build and hardware should run it
-    error: str = ""  # what it raised, if it did not get through its steps
-    fix: str = ""  # the fix this run tried ("" for a recipe's own run)
-    loss: list[float] = field(default_factory=list)
-    scale: list[float] = field(default_factory=list)
-    skips: list[bool] = field(default_factory=list)
-    step_time_s: float | None = None  # median, CUDA only
-    ops: dict[str, OpRange] = field(default_factory=dict)  # in the order they first ran
-    norms: dict[str, NormState] = field(default_factory=dict)
-    underflow: float = 0.0  # at the last step: the gradient share fp16 would flush (see above)
-    underflow_steps: list[float] = field(default_factory=list)
-    zero_gradients: float = 0.0  # largest fraction of gradient entries exactly 0
-    # AdamW, after the last step: of the entries with a first moment, the share whose second
-    # moment is exactly 0 (fp16 state: g^2 underflowed; such an entry steps by m/eps).
-    moments_lost: float = 0.0
-    cosine: float | None = None  # of its first gradient with fp32's
-    # Where `cosine` is under COSINE_MIN: fp32's own first gradient against itself with the
-    # weights rounded to this run's 16-bit dtype. Low too, the direction is chaotic at these
-    # weights (softmax saturated by logits of 1e5) and the cosine says nothing of precision.
-    rounding_cosine: float | None = None
-    drift: float = 0.0  # end-window |loss - fp32 loss| / |fp32 loss|
-    drift_abs: float = 0.0  # the same gap in the loss's units
-    speedup: float | None = None  # fp32's median step time over this recipe's (CUDA)
-    params_finite: bool = True  # after the last step
-    # Convolutions whose backward in the recipe's dtype returned inf/NaN from finite inputs
-    # where fp32's is finite (harness.lab.diagnose.kernels): "module (its shape): k of n passes".
-    kernel_faults: list[str] = field(default_factory=list)
-    held_out_loss: float | None = None  # --verify: in eval mode, on batches never trained on
-    # The loss recomputed in fp32 on the final weights (held-out batches with --verify, else the
-    # last batch trained on), when a logged loss was non-finite: did the training or the value go?
-    fp32_loss: float | None = None
-    # The first op, in the order ops ran, whose output held inf/NaN, and the step (from 1).
-    first_nonfinite: tuple[int, str] | None = None
-    forecast: Forecast | None = None  # fp32 only: the first op the growth takes to 65504
-    # The recommended fix, as the rules found it: modules to keep in fp32, AdamW's epsilon.
-    keep_fp32: list[str] = field(default_factory=list)
-    adam_eps: float | None = None
-    status: str = ""
-    findings: list[str] = field(default_factory=list)  # every status whose rule fired
-    reasons: list[str] = field(default_factory=list)
-    fixes: list[FixCheck] = field(default_factory=list)
-
-    @property
-    def skipped(self) -> int:
-        return sum(self.skips)
-
-    def first_nonfinite_loss(self) -> int | None:
-        return next((i for i, v in enumerate(self.loss, 1) if not math.isfinite(v)), None)
-
-    def scaler_stalled(self) -> bool:
-        """The scaler took at most half the steps, or its scale fell under SCALE_FLOOR."""
-        taken = len(self.skips) - self.skipped
-        return bool(self.skips) and (taken * 2 <= len(self.skips) or self.scale[-1] < SCALE_FLOOR)
-
-    def scaler_course(self) -> ScalerCourse:
-        return scaler_course(self.skips, self.scale)
-
-    def logged_loss_overflow(self) -> bool:
-        """Logged losses non-finite while the weights trained (a scaler that skips the steps
-        leaves them finite and untrained), stayed finite, and give a finite loss recomputed in
-        fp32: the value reported overflowed fp16, not the training."""
-        return (
-            self.first_nonfinite_loss() is not None
-            and not self.scaler_stalled()
-            and self.params_finite
-            and self.fp32_loss is not None
-            and math.isfinite(self.fp32_loss)
-        )
-
-
-@dataclass
-class ScalerCourse:
-    """What a GradScaler's skips were (steps from 1): calibration, or recurrences at a scale it
-    had settled on (RECURRENT_MIN above)."""
-
-    calibration: list[int] = field(default_factory=list)
-    recurrent: list[int] = field(default_factory=list)
-    settled: float | None = None  # the first backed-off scale it took a step at
-    settled_at: int | None = None  # ...and that step
-
-    def recurs(self, steps: int) -> bool:
-        """Recurrences beyond what one more halving of calibration explains."""
-        since = steps - (self.settled_at or steps) + 1
-        return (
-            len(self.recurrent) >= RECURRENT_MIN and len(self.recurrent) > RECURRENT_SHARE * since
-        )
-
-
-def scaler_course(skips: list[bool], scale: list[float]) -> ScalerCourse:
-    """Each skip, as calibration (a back-off from a scale not yet shown to hold: the initial
-    guess, or one it never stepped at) or a recurrence (at or below a scale it had settled on)."""
-    course = ScalerCourse()
-    for step, (skipped, used) in enumerate(zip(skips, scale, strict=True), 1):
-        if skipped:
-            settled = course.settled is not None and used <= course.settled
-            (course.recurrent if settled else course.calibration).append(step)
-        elif used < scale[0] and course.settled is None:
-            course.settled, course.settled_at = used, step
-    return course
-
-
-@dataclass
-class Diagnosis:
-    factory: str
-    device: str  # "cpu" or the GPU's name
-    torch: str
-    steps: int
-    runs: dict[str, Run]
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    horizon: int = HORIZON
-    noise: float = 0.0  # fp32's own seed spread: its largest end-window gap, in the loss's units
-    noise_note: str = ""  # how the seed spread was measured, when not every weight was re-drawn
-    device_type: str = "cpu"
-    verify: dict | None = None  # harness.lab.diagnose.verify's result, with --verify N
-    compiled: dict | None = None  # harness.lab.diagnose.compiled's result, with --compile
-
-    def hot_ops(self) -> list[str]:
-        """Ops whose fp32 peak is within HEADROOM_FACTOR of fp16's largest value."""
-        return [
-            k for k, x in self.runs[REFERENCE].ops.items() if x.peak * HEADROOM_FACTOR >= FP16_MAX
-        ]
-
-    def sources(self, keys: list[str]) -> list[str]:
-        """Of these hot ops, those that make the large values (an input under the threshold):
-        the ops after them (a residual add, a dropout) only carry them on."""
-        ops = self.runs[REFERENCE].ops
-        made = [k for k in keys if ops[k].input_peak * HEADROOM_FACTOR < FP16_MAX]
-        return made or keys[:1]
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def module_of(op: str) -> str:
-    return op.rpartition(":")[0]
-
-
-# --- the autocast policy a judgement was measured under -----------------------------------------
-
-
-def autocast_policy(device_type: str, version: str) -> str:
-    """Whose autocast op lists the runs followed, as the documentation of the release says."""
-    documented = autocast_docs.documented(device_type, version)
-    note = f"; {documented.note}" if documented.note else ""
-    return (
-        f"measured under {device_type.upper()} autocast's op lists (torch {documented.release}'s "
-        f"documentation){note}"
-    )
-
-
-def other_device_note(op: str, device_type: str, version: str) -> str:
-    """Where the other device's autocast documents `op` in float32: its hazard is this device's."""
-    other = "cuda" if device_type == "cpu" else "cpu"
-    name = op.rpartition(":")[2]
-    documented = autocast_docs.documented(other, version)
-    spellings = {name, name.lstrip("_"), name.removeprefix("native_")}  # aten's _softmax, ...
-    if not any(autocast_docs.listed(n, documented, other) == "float32" for n in spellings):
-        return ""
-    return (
-        f"on {other.upper()}, autocast runs {name.lstrip('_')} in float32 (torch "
-        f"{documented.release}'s documented lists): this hazard is the {device_type.upper()}'s"
-    )
-
-
-# --- the measurements the rules read ----------------------------------------------------------
-
-
-def window(values: list[float]) -> list[float]:
-    """The end of a loss curve the drift is judged on: its last quarter, at least 2 steps."""
-    return values[-max(2, len(values) // 4) :]
-
-
-def end_gap(run: list[float], reference: list[float]) -> float:
-    """Mean |loss - reference loss| over the end window (inf when a loss there is not finite)."""
-    pairs = window(list(zip(run, reference, strict=False)))
-    if not all(math.isfinite(a) for a, _b in pairs):
-        return math.inf
-    return statistics.fmean(abs(a - b) for a, b in pairs) if pairs else 0.0
-
-
-def beyond_noise(gap: float, base: float, spread: float, floor: float) -> bool:
-    """The drift rule, for the quick look and --verify alike: a gap in the loss's units that is
-    over DRIFT_MAX of `base`, over NOISE_FACTOR times fp32's own `spread`, and over `floor`."""
-    return gap / max(abs(base), floor) > DRIFT_MAX and gap > max(NOISE_FACTOR * spread, floor)
-
-
-def loss_floor(reference: Run) -> float:
-    return LOSS_FLOOR * abs(reference.loss[0]) if reference.loss else LOSS_FLOOR
-
-
-def forecast(run: Run, horizon: int) -> Forecast | None:
-    """The op whose straight-line growth reaches fp16's 65504 first within the horizon."""
-    best = None
-    for key, op in run.ops.items():
-        ys = op.peaks
-        if len(ys) < 3 or not all(math.isfinite(y) for y in ys) or ys[-1] <= ys[0]:
-            continue
-        slope = _slope(ys)
-        if slope <= 0 or op.peak >= FP16_MAX:
-            continue
-        step = len(ys) + math.ceil((FP16_MAX - ys[-1]) / slope)
-        if step <= horizon and (best is None or step < best.step):
-            best = Forecast(key, ys[-1], slope, step)
-    return best
-
-
-def _slope(ys: list[float]) -> float:
-    xs = range(1, len(ys) + 1)
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
-        (x - mx) ** 2 for x in xs
-    )
 
 
 # --- the rules -----------------------------------------------------------------------------------
@@ -439,31 +149,9 @@ def _overflow(run: Run, diagnosis: Diagnosis, found: dict) -> None:
         )
     run.keep_fp32.extend(fix_modules(named))
     found[KEEP_IN_FP32] = [
-        f"keep {', '.join(_modules_named(named))} in fp32, or use amp-bf16 (fp32's range): "
+        f"keep {', '.join(modules_named(named))} in fp32, or use amp-bf16 (fp32's range): "
         + "; ".join(words)
     ]
-
-
-def _modules_named(ops: list[str]) -> list[str]:
-    """The modules to keep in fp32 for these ops; an op in the model's own forward is named."""
-    named = []
-    for op in ops:
-        module, name = module_of(op), op.rpartition(":")[2]
-        if module == "model":
-            named.append(
-                f"the {name} in the model's own forward (wrap it in "
-                "torch.autocast(device_type, enabled=False) with fp32 inputs)"
-            )
-        elif module == "loss":
-            named.append(f"the loss's {name} (compute the loss on fp32 outputs)")
-        else:
-            named.append(module)
-    return list(dict.fromkeys(named))
-
-
-def fix_modules(ops: list[str]) -> tuple[str, ...]:
-    """The submodules a fix keeps in fp32 for these ops (the root cannot be: that is fp32)."""
-    return tuple(dict.fromkeys(module_of(k) for k in ops if module_of(k) not in ("model", "loss")))
 
 
 def _optimizer_state(run: Run, diagnosis: Diagnosis, found: dict) -> None:
@@ -570,7 +258,7 @@ def _precision(run: Run, diagnosis: Diagnosis, found: dict) -> None:
     found[LOSES_PRECISION] = [
         f"its first gradient, from fp32's weights and batch, has a cosine of {run.cosine:.3f} "
         f"with fp32's (at least {COSINE_MIN}): {lost}; the largest values are in "
-        f"{', '.join(suspects)} (keep {', '.join(_modules_named(suspects))} in fp32)"
+        f"{', '.join(suspects)} (keep {', '.join(modules_named(suspects))} in fp32)"
     ]
 
 
@@ -749,10 +437,3 @@ def _calibration(run: Run) -> str:
     if run.skips[-1]:
         words += ", its last at the last step: more --steps show where it settles"
     return words
-
-
-def margin(peak: float) -> str:
-    """How far a peak |x| is from fp16's largest value, in words."""
-    if peak >= FP16_MAX:
-        return f"{peak / FP16_MAX:.2g}x fp16's largest value 65504"
-    return f"{FP16_MAX / max(peak, 1e-30):.2g}x below fp16's 65504"

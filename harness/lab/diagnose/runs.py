@@ -2,7 +2,7 @@
 
 Every run starts from the same weights, sees the same batches and draws the same random numbers
 (the RNG is seeded before each: dropout masks are then the same in every recipe, so a recipe's
-gap to fp32 is precision, not a different mask). The quick look's runs carry the probes: every
+gap to fp32 is precision, not a different mask). The quick look's runs carry the observers: every
 op's output range, named by the module running it (harness.lab.probes.op_ranges), the norm layers'
 running statistics, the gradients; --verify's long runs measure the loss alone.
 
@@ -29,10 +29,11 @@ from torch import nn
 
 from harness.common.errors import HarnessError
 from harness.lab import probes, recipes
-from harness.lab.autocast import compiled
+from harness.lab.autocast import torch_compile
 from harness.lab.diagnose import kernels
 from harness.lab.diagnose.fixes import Fix, Fixed
-from harness.lab.diagnose.rules import COSINE_MIN, REFERENCE, NormState, OpRange, Run
+from harness.lab.diagnose.observed import REFERENCE, NormState, OpRange, Run
+from harness.lab.diagnose.thresholds import COSINE_MIN
 from harness.lab.machine.device import DeviceInfo
 from harness.lab.train import History, named_optimizer, train
 
@@ -85,7 +86,7 @@ def norm_modules(model: nn.Module) -> list[str]:
 
 
 class _Watch:
-    """A train(on_step=...) callback: after each step, folds what the probes saw in that step
+    """A train(on_step=...) callback: after each step, folds what the observers saw in that step
     into the run; keeps the first step's gradient (the same weights and batch in every run)."""
 
     def __init__(
@@ -213,7 +214,7 @@ def run_recipe(
     seed: int = SEED,
 ) -> tuple[Run, torch.Tensor | None]:
     """Train a copy of `initial` on `replay` under the recipe (with `fix` applied; compiled with
-    `backend`, a torch.compile backend, where given: `watch` must be off, the probes would
+    `backend`, a torch.compile backend, where given: `watch` must be off, the observers would
     break the graph), the RNG seeded with `seed` (dropout masks); the run, and its first
     step's gradient. Errors of the recipe are the run's (`run.error`); a step past the time
     limit is StepTimeout."""
@@ -226,7 +227,7 @@ def run_recipe(
     torch.manual_seed(seed)  # the same dropout masks and random draws in every run of a seed
     model = copy.deepcopy(initial)
     if backend is not None:
-        model = compiled.fresh(model, backend, fullgraph=False)
+        model = torch_compile.fresh(model, backend, fullgraph=False)
     precision = Fixed(recipe, setting.device, fix.modules) if fix else recipe.bind(setting.device)
     limit = _Limit(setting.step_limit_s)
     kept = _Kept(setting.optimizer, fix.adam_eps if fix else None)

@@ -15,8 +15,8 @@ Each long run gets a truth from what training did:
   loss recomputed in fp32 within fp32's spread: the value reported overflowed fp16, not the
   training (a trainer that stops on a non-finite loss is still hurt);
 - **harmed**: the end of its loss curve, or its held-out loss, worse than fp32's beyond 5%,
-  beyond twice fp32's seed spread and beyond the loss floor (the drift rule of
-  harness.lab.diagnose.rules), or it learned less than half of what fp32 learned;
+  beyond twice fp32's seed spread and beyond the loss floor (the drift rule's yardstick,
+  harness.lab.diagnose.curves.beyond_noise), or it learned less than half of what fp32 learned;
 - **differs from fp32**: better than fp32's beyond the same margins: not fp32's run either (a
   `half` AdamW with eps 1e-4 whose fp16 second moments are 0 takes steps twice fp32's size);
 - **trains as fp32**: none of these, both ways.
@@ -34,20 +34,10 @@ from typing import NamedTuple
 from torch import nn
 
 from harness.lab import recipes, stats
+from harness.lab.diagnose.curves import beyond_noise, end_gap, loss_floor, window
 from harness.lab.diagnose.fixes import Fix
-from harness.lab.diagnose.rules import (
-    NOISE_FACTOR,
-    NOT_RUN,
-    REFERENCE,
-    REFERENCE_STATUS,
-    SAFE,
-    Diagnosis,
-    Run,
-    beyond_noise,
-    end_gap,
-    loss_floor,
-    window,
-)
+from harness.lab.diagnose.observed import REFERENCE, Diagnosis, Run
+from harness.lab.diagnose.rules import NOT_RUN, REFERENCE_STATUS, SAFE
 from harness.lab.diagnose.runs import (
     SEED,
     Redraw,
@@ -57,6 +47,7 @@ from harness.lab.diagnose.runs import (
     run_recipe,
     seed_spread,
 )
+from harness.lab.diagnose.thresholds import NOISE_FACTOR
 
 HELD_OUT = 4  # batches after the trained ones, scored in eval mode at the end
 # --verify --seeds: a gap is called where a paired sign-flip test over the seeds puts its mean

@@ -250,7 +250,8 @@ def probe_inductor_compile(device: str) -> Probe:
     is built with is looked up first: a machine without it lacks the capability (absent); with
     it, a compile that raises or computes otherwise is a broken one. Warnings torch gives while
     importing and compiling are counted, not fatal: they are not what is probed."""
-    from harness.lab.autocast import compiled  # no torch._dynamo import until a test needs this
+    # Here: no torch._dynamo import until a test needs this.
+    from harness.lab.autocast import torch_compile
 
     def tiny(x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x) * 2 + 1
@@ -258,7 +259,7 @@ def probe_inductor_compile(device: str) -> Probe:
     with warnings.catch_warnings(record=True) as heard:
         warnings.simplefilter("always")
         if device == "cpu":
-            found, looked_for = compiled.cpp_compiler()
+            found, looked_for = torch_compile.cpp_compiler()
             tool = f"C++ compiler {found}" if found else ""
             missing = f"no C++ compiler: {looked_for} (torch._inductor.config.cpp.cxx) not on PATH"
         else:
@@ -268,8 +269,8 @@ def probe_inductor_compile(device: str) -> Probe:
         if not tool:
             return Probe(False, missing, absent=True)
         x = torch.linspace(-2, 2, 8, device=device)
-        with compiled.denormals_kept():  # torch 2.4's kernels would turn flush-to-zero on
-            got, want = compiled.fresh(tiny, "inductor")(x), tiny(x)
+        with torch_compile.denormals_kept():  # torch 2.4's kernels would turn flush-to-zero on
+            got, want = torch_compile.fresh(tiny, "inductor")(x), tiny(x)
     gap = float((got - want).abs().max())
     return Probe(
         torch.equal(got, want),

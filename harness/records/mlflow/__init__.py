@@ -10,5 +10,12 @@ of the harness imports. (Absolute imports only: inside this package, `mlflow` is
   time, a session that still runs);
 - `naming`: what a run is called and holds (its name, description, tags) and the points of a
   long history MLflow gets;
-- `sink`: MlflowSink, one parent run per session and one child run per test, live and by `sync`.
+- `sink`: MlflowSink, a session logged live: one parent run per session and one child run per
+  test, MLflow off for the rest of the session at its first failure;
+- `replay`: `sync`, the journal replayed into MLflow through a sink: what it lacks sent, half-made
+  runs logged afresh, the runs of killed sessions ended;
+- `runs`: the runs MLflow holds, read back: searched page by page, a session's main parent run,
+  whether a test's run is complete, the copies a retried request made deleted;
+- `sqlite_store`: the embedded store where the harness reaches past MLflow: writable or not,
+  `sync`'s commits without fsync, its artifact paths following a moved store.
 """

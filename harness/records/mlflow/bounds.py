@@ -243,7 +243,7 @@ class BoundedClient:
     whose answer never came or was a 5xx, never one whose body broke off, and one such answer
     turned MLflow off for the rest of the session. As many times as MLflow's client would retry
     a 5xx (the retries in force), each bounded as its requests are; what a request sent twice
-    makes twice is deleted as for a 5xx (MlflowSink._drop_copies). A server that gave no answer
+    makes twice is deleted as for a 5xx (runs.drop_copies). A server that gave no answer
     raises Unavailable, saying whether it is down or slow. Its other attributes are the
     client's own."""
 

@@ -1,18 +1,15 @@
-"""MLflow, downstream of the journal: one parent run per session, one child run per test.
+"""MLflow, downstream of the journal: MlflowSink logs a session live, one parent run per
+session and one child run per test.
 
 Every call is bounded (`bounds`) and the first failure turns the sink off for the rest of the
-session: results keep going to the journal, and `amp-harness sync` replays what MLflow lacks.
-Live logging and sync share one code path, keyed by the `amp.session_id` and `amp.record_id`
-tags, so replaying twice never duplicates a run.
+session: results keep going to the journal, and `amp-harness sync` (`replay`) replays what MLflow
+lacks. Live logging and sync share one code path, keyed by the `amp.session_id` and
+`amp.record_id` tags, so replaying twice never duplicates a run.
 
 A child run counts as logged only once it is complete: it is created with `amp.complete=false`
 (MLflow creates a run before its metrics and files can be sent) and the tag turns `true` as the
-last call, after its metrics, artifacts and end. A run left half-made (a process killed in the
-middle, a call MLflow refused) is deleted by `sync` and its record logged afresh; the parent run
-of a session that never ended (its process killed) is ended by `sync` as KILLED, saying why.
-`sync` holds a lock beside the journal, and leaves alone the sessions that still run (each holds
-a lock of its own while it runs, `locks`), so neither another sync nor a live session logs a
-record twice.
+last call, after its metrics, artifacts and end. At a session's end the runs a retried request
+made twice are deleted (`runs.drop_copies`).
 """
 
 from __future__ import annotations
@@ -20,18 +17,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shlex
-import sqlite3
 import time
-from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from harness.catalogue import claims, verdicts
 from harness.common.errors import HarnessError
 from harness.records import journal_index
-from harness.records.journal import Journal, Session
 from harness.records.mlflow import bounds, uris
 from harness.records.mlflow.bounds import (
     COMMAND,
@@ -41,10 +34,8 @@ from harness.records.mlflow.bounds import (
     _refused,
     _unreachable,
     advice,
-    foreign_warnings_ignored,
     reason,
 )
-from harness.records.mlflow.locks import SYNC_LOCK, _locked, is_running
 from harness.records.mlflow.naming import (
     _STATUS,
     COMPLETE,
@@ -61,8 +52,9 @@ from harness.records.mlflow.naming import (
     mark_tags,
     run_name,
 )
+from harness.records.mlflow.runs import drop_copies, main_parent, session_runs
+from harness.records.mlflow.sqlite_store import check_writable, follow_move
 from harness.records.mlflow.uris import (
-    _PLAIN_ID,
     ARTIFACTS_NAME,
     BY_CLAIM,
     DB_NAME,
@@ -77,20 +69,6 @@ from harness.records.mlflow.uris import (
 from harness.records.record import Record
 
 log = logging.getLogger(__name__)
-
-_PAGE = 5000  # runs per search call
-
-
-def _check_writable(store: Path | None) -> None:
-    """A writer's embedded store must be writable, and its folder (SQLite writes its journal
-    beside it): else MLflow logs a traceback for each refused write, or, for a store it has to
-    make, retries for minutes before it gives up. A HarnessError says which folder."""
-    if store is None:
-        return
-    folder = next(p for p in (store.parent, *store.parents) if p.exists())
-    for path in (folder, store) if store.exists() else (folder,):
-        if not os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids):
-            raise HarnessError(f"cannot write the store {store}: {path} is read-only")
 
 
 class MlflowSink:
@@ -118,7 +96,7 @@ class MlflowSink:
         set_aside: list[str] = []
         self.client = None
         try:
-            _check_writable(self.store)
+            check_writable(self.store)
             self.client = bounds.client(uri, set_aside)
             self.client.bounds = SESSION  # the tests wait on a session's calls; `sync`: COMMAND
             self.notes += [f"{text}; {self._sync_command()} fills it from the journal"
@@ -231,7 +209,9 @@ class MlflowSink:
                     found = self.client.get_experiment_by_name(self.experiment)
                     if found is None:
                         raise
-            found = self._follow_moved_store(found)
+            if self._artifact_root and self.store == self.reports / DB_NAME:
+                # a reports folder's store (not a server, nor one named with --tracking-uri)
+                found = follow_move(self.client, found, self.store, self.notes)
             for key, value in EXPERIMENT_TAGS.items():  # stores made before the tag existed
                 if found.tags.get(key) != value:
                     self.client.set_experiment_tag(found.experiment_id, key, value)
@@ -255,40 +235,9 @@ class MlflowSink:
             return
         self._views_saved = True
 
-    def _follow_moved_store(self, experiment):
-        """The embedded store moved (or was copied) with its reports folder: its experiments
-        still name the old folder's mlartifacts/, fixed by MLflow when each was created, and
-        every new run would write its artifacts there. MLflow has no call to change an
-        experiment's artifact location, so the store's paths are rewritten, old runs' included,
-        to the mlartifacts/ beside the store, where their files moved with it."""
-        if not self._artifact_root or self.store != self.reports / DB_NAME:
-            return experiment  # a server, or a store of its own named with --tracking-uri
-        old = experiment.artifact_location
-        old_path = Path(unquote(urlparse(old).path)) if old.startswith("file:") else None
-        new_path = self.reports / ARTIFACTS_NAME
-        if old_path is None or old_path.name != ARTIFACTS_NAME:
-            return experiment  # made by hand, elsewhere: not the harness's layout
-        if old_path.resolve() == new_path.resolve():
-            return experiment
-        if old_path.exists() and not new_path.exists():
-            # The store was copied without its artifacts: they are still only at the old path.
-            self.notes.append(
-                f"the experiment {self.experiment!r} keeps its artifacts in {old_path}, outside "
-                f"{self.reports}: copy that folder to {new_path} for them to move here"
-            )
-            return experiment
-        runs = _rebase(self.store, old, self._artifact_root)
-        self.notes.append(
-            f"the store moved from {old_path.parent} to {self.reports}: the artifact paths of "
-            f"its experiments and {runs} runs now point into {new_path}"
-        )
-        return self.client.get_experiment(experiment.experiment_id)
-
     def _session_runs(self, session_id: str) -> list:
         """Every active run of the session, parent and children."""
-        query = f"tags.`amp.session_id` = '{session_id}'" if _PLAIN_ID.fullmatch(session_id) else ""
-        found = search_runs(self.client, self.experiment_id(), query)
-        return [r for r in found if r.data.tags.get("amp.session_id") == session_id]
+        return session_runs(self.client, self.experiment_id(), session_id)
 
     def _parent(self, session: dict) -> str:
         sid = session["session_id"]
@@ -351,35 +300,9 @@ class MlflowSink:
         self._guard("deleting runs made twice", self._drop_copies, session["session_id"])
 
     def _drop_copies(self, session_id: str) -> int:
-        """Delete the runs of the session made twice: MLflow's client sends a request again
-        when the answer was a 500 or did not come in time, also a request the server has
-        already carried out (runs/create: a second parent run, left RUNNING for ever, or a
-        second child run, left half-logged). The copy kept of each: the parent run the session
-        logged under; for a test, its complete run (under that parent where there are several).
-        What is deleted says why (the tag amp.end_reason), and MLflow can restore it."""
+        """Delete the runs of the session made twice (`runs.drop_copies`): how many."""
         present = self._session_runs(session_id)
-        main = main_parent(present)
-        parent = self._parents.get(session_id) or (main.info.run_id if main else None)
-        copies = [
-            r for r in present
-            if r.data.tags.get("amp.kind") == "session" and r.info.run_id != parent
-        ]  # fmt: skip
-        by_record: dict[str, list] = {}
-        for run in present:
-            if run.data.tags.get("amp.kind") == "test":
-                by_record.setdefault(run.data.tags.get("amp.record_id"), []).append(run)
-        for runs in by_record.values():
-            if len(runs) > 1 and any(_complete(r) for r in runs):
-                under = [r.data.tags.get("mlflow.parentRunId") == parent for r in runs]
-                kept = max(range(len(runs)), key=lambda i: (_complete(runs[i]), under[i]))
-                copies += runs[:kept] + runs[kept + 1 :]
-        for run in copies:
-            kept_id = parent if run.data.tags.get("amp.kind") == "session" else "another run"
-            self.client.set_tag(run.info.run_id, END_REASON, (
-                f"deleted by amp-harness: a copy of {kept_id}, made when MLflow's client sent "
-                "its request again after the server had carried it out"))  # fmt: skip
-            self.client.delete_run(run.info.run_id)
-        return len(copies)
+        return drop_copies(self.client, present, self._parents.get(session_id))
 
     def _log_record(self, session: dict, record: Record) -> None:
         from mlflow.entities import Metric, Param, RunTag
@@ -491,144 +414,6 @@ class MlflowSink:
         if ended_by_sync:
             self.client.delete_tag(parent, END_REASON)
 
-    def _end_unfinished(self, session: Session) -> bool:
-        """A session whose journal has no end, and which no longer runs: its process was killed
-        or crashed. Its parent run is ended as KILLED, with the reason as a tag."""
-        parent = self._parent(session.entry)
-        if self.client.get_run(parent).info.status != "RUNNING":
-            return False
-        last = max([r.ended for r in session.records] + [session.entry["started"]])
-        reason = (
-            "ended by `amp-harness sync`: the journal has no end for this session (its process "
-            f"was killed or crashed) after {len(session.records)} results"
-        )
-        self.client.set_tag(parent, END_REASON, reason)
-        self.client.set_terminated(parent, "KILLED", int(last * 1000))
-        return True
-
-    def sync(self, journal: Journal, on_wait: Callable[[], None] | None = None) -> dict[str, int]:
-        """Send MLflow what the journal has and MLflow lacks; idempotent. One sync at a time
-        per journal (`on_wait` is called when it has to wait for another one)."""
-        counts = dict.fromkeys(
-            ("sessions", "records_sent", "records_present", "records_replaced",
-             "records_refused", "sessions_killed", "sessions_running", "copies_deleted",
-             "runs_marked"), 0,
-        )  # fmt: skip
-        folder = journal.path.parent
-        if self.client is not None:  # a command: waiting for a busy server is what it is for
-            self.client.bounds = COMMAND
-        if self.client is not None and self.store is not None:
-            _commit_without_fsync(self.client)
-        with _locked(folder / SYNC_LOCK, on_wait):
-            for sid, session in journal.sessions().items():
-                if is_running(folder, sid):  # its own process logs it; its end is to come
-                    counts["sessions_running"] += 1
-                    continue
-                present = self._guard("reading the runs already logged", self._session_runs, sid)
-                if present is None:
-                    break
-                counts["sessions"] += 1
-                self._sync_session(session, present, counts)
-                if self.down:
-                    break
-        if self.down:
-            raise HarnessError(
-                f"sync stopped: MLflow at {self.label}: {self.down}. Fix: {self.recovery()}"
-            )
-        return counts
-
-    def _sync_session(self, session: Session, present: list, counts: dict[str, int]) -> None:
-        main = main_parent(present)
-        if main:
-            self._parents[session.entry["session_id"]] = main.info.run_id
-        journalled = {r.record_id for r in session.records}
-        complete: set[str] = set()
-        half: list = []
-        for run in present:
-            if run.data.tags.get("amp.kind") != "test":
-                continue
-            record_id = run.data.tags.get("amp.record_id")
-            if _complete(run):
-                complete.add(record_id)
-            elif record_id in journalled:  # the journal holds all of it: log it afresh
-                half.append(run)
-        sent = False
-        for run in half:
-            self._guard("deleting a half-logged run", self.client.delete_run, run.info.run_id)
-            if self.down:
-                return
-        # Marked since these runs were logged (`amp-harness sessions mark`, MLflow unreachable)
-        counts["runs_marked"] += self.mark_session(session.entry, [
-            r for r in present if r not in half]) or 0  # fmt: skip
-        if self.down:
-            return
-        counts["records_replaced"] += len({r.data.tags["amp.record_id"] for r in half} - complete)
-        for record in session.records:
-            if record.record_id in complete:
-                counts["records_present"] += 1
-                continue
-            refused, sent = len(self.refused), True
-            self.log_record(session.entry, record)
-            if self.down:
-                return
-            counts["records_refused" if len(self.refused) > refused else "records_sent"] += 1
-        if session.end:
-            self._guard("ending the session run", self._end_session, session.entry, session.end)
-        elif self._guard("ending an unfinished session run", self._end_unfinished, session):
-            counts["sessions_killed"] += 1
-        sid = session.entry["session_id"]
-        if sent or _has_copies(present):  # what this sync sent may have been made twice too
-            counts["copies_deleted"] += self._guard("deleting runs made twice",
-                                                    self._drop_copies, sid) or 0  # fmt: skip
-
-
-def search_runs(client, experiment_id: str, query: str = "") -> list:
-    """Every run of the experiment that `query` selects, page by page."""
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], query, max_results=_PAGE, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
-
-
-def _commit_without_fsync(mlflow_client) -> None:
-    """This process's commits to the embedded SQLite store, without SQLite's fsync of each.
-
-    Every MLflow call is a transaction, and SQLite makes each durable with an fsync: 8 of them a
-    record, 70% of the time `sync` took to rebuild a store (8 records a second on a laptop's
-    disk; 35 without). What `sync` writes is durable already, in the journal: a crash of the
-    process leaves the store whole (SQLite's journal still rolls back), and the rarer loss of
-    the machine in the middle of a sync can leave it damaged, which says so and is rebuilt from
-    the journal the same way. Sessions, which write each result once, keep the fsync."""
-    from sqlalchemy import event
-
-    engine = getattr(mlflow_client._tracking_client.store, "engine", None)
-    if engine is not None and not event.contains(engine, "connect", _no_fsync):
-        with foreign_warnings_ignored():
-            event.listen(engine, "connect", _no_fsync)
-            engine.dispose()  # the pooled connections reopen with it
-
-
-def _no_fsync(connection, _record) -> None:
-    connection.execute("PRAGMA synchronous=OFF")
-
-
-def main_parent(runs: list):
-    """The session's parent run among `runs`, or None: where a retried runs/create made two,
-    the one its tests were logged under (then one that ended, then the first made)."""
-    parents = [r for r in runs if r.data.tags.get("amp.kind") == "session"]
-    under = [r.data.tags.get("mlflow.parentRunId") for r in runs]
-    return min(parents, default=None, key=lambda r: (
-        -under.count(r.info.run_id), r.info.status == "RUNNING", r.info.start_time))  # fmt: skip
-
-
-def _has_copies(runs: list) -> bool:
-    """Whether `runs`, one session's, hold two parent runs or two runs of one record."""
-    keys = [r.data.tags.get("amp.record_id") or r.data.tags.get("amp.kind") for r in runs]
-    return len(keys) != len(set(keys))
-
 
 def _one_batch(metrics: list, params: list, tags: list) -> bool:
     """Whether MLflow's client sends this log_batch as one request (it splits a larger one)."""
@@ -639,27 +424,3 @@ def _one_batch(metrics: list, params: list, tags: list) -> bool:
         and len(params) + len(tags) <= limits.MAX_PARAMS_TAGS_PER_BATCH
         and len(metrics) + len(params) + len(tags) <= limits.MAX_ENTITIES_PER_BATCH
     )
-
-
-def _complete(run) -> bool:
-    """Whether a child run holds its whole record. Runs logged before the completion tag
-    existed count when they ended: their end was their last call."""
-    tag = run.data.tags.get(COMPLETE)
-    return tag == "true" if tag is not None else run.info.status != "RUNNING"
-
-
-def _rebase(store: Path, old: str, new: str) -> int:
-    """Rewrite the artifact locations under `old` to `new` in the SQLite store; the number of
-    runs moved. MLflow's schema: experiments.artifact_location, runs.artifact_uri."""
-    cut = len(old) + 1
-    with contextlib.closing(sqlite3.connect(store, timeout=20)) as db, db:
-        db.execute(
-            "UPDATE experiments SET artifact_location = ? || substr(artifact_location, ?) "
-            "WHERE artifact_location = ? OR substr(artifact_location, 1, ?) = ?",
-            (new, cut, old, cut, old + "/"),
-        )
-        return db.execute(
-            "UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) "
-            "WHERE substr(artifact_uri, 1, ?) = ?",
-            (new, cut, cut, old + "/"),
-        ).rowcount
