@@ -41,7 +41,7 @@ from harness.lab.models import TOLERANCE
 # Timings and peaks: they refuse to share the GPU with other pytest-xdist workers.
 pytestmark = pytest.mark.timing
 
-# --- decisions from measured speed-ups: pure functions, tested on the CPU by tests/lab/test_gpus.py
+# --- decisions from measured speed-ups: pure functions, tested in tests/lab/machine/test_gpus.py
 
 
 def size_label(params: float) -> str:

@@ -17,7 +17,7 @@ from _pytest.pytester import Pytester
 
 # xdist_groups: --dist loadgroup keeps each xdist_group on one worker under pytest 9.2 too.
 # slow_left_out: the quick tier (-m "not slow", the README's command) says what it left out.
-pytest_plugins = ["pytester", "xdist_groups", "slow_left_out"]
+pytest_plugins = ["pytester", "helpers.xdist_groups", "helpers.slow_left_out"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,7 +109,7 @@ def outside_xdist(monkeypatch):
     the nested session's end, an error under our filterwarnings that cuts that session's
     unconfigure short and leaves its log file (/dev/null) open, a ResourceWarning in whichever
     test the garbage collector then finds it. Module-scoped fixtures run before this one: a
-    nested session there removes these variables itself (tests/lab/test_capabilities.py)."""
+    nested session there removes these variables itself (tests/lab/machine/test_capabilities.py)."""
     for name in [n for n in os.environ if n.startswith("PYTEST_XDIST_")]:
         monkeypatch.delenv(name)
 
@@ -142,9 +142,10 @@ def true_device_probes():
 @pytest.fixture(scope="session")
 def empty_store(tmp_path_factory) -> Path:
     """A store with MLflow's tables and nothing in them, made once per process as the harness
-    makes one; tests/tracked.py's store_in copies it. A copy costs milliseconds, a new store 1-2 s
-    of MLflow's migrations: for the tests about what happens in a store, not about a store being
-    made (tests/records/test_tracking.py and test_half_made_store.py try that)."""
+    makes one; tests/helpers/tracked.py's store_in copies it. A copy costs milliseconds, a new
+    store 1-2 s of MLflow's migrations: for the tests about what happens in a store, not about a
+    store being made (tests/records/mlflow/test_tracking.py and test_half_made_store.py try
+    that)."""
     from harness.records.tracking import client
 
     store = tmp_path_factory.mktemp("empty-store") / "mlflow.db"

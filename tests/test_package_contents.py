@@ -1,6 +1,7 @@
-"""Every package of `harness/` says what it holds: its `__init__`'s docstring names each of its
-modules and subpackages, as `tests/catalogue/test_readme_modules.py` holds the README to the
-scenarios. A module added without a line there fails here, naming the package and the module."""
+"""Every package of `harness/`, and the tests' `helpers`, says what it holds: its `__init__`'s
+docstring names each of its modules and subpackages, as `tests/docs/test_readme_modules.py` holds
+the README to the scenarios. A module added without a line there fails here, naming the package
+and the module. (A test module beside the helpers, test_*.py, is no helper: it is not named.)"""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ from pathlib import Path
 import pytest
 
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
-PACKAGES = sorted(p.parent for p in HARNESS.rglob("__init__.py"))
+HELPERS = Path(__file__).resolve().parent / "helpers"
+PACKAGES = [*sorted(p.parent for p in HARNESS.rglob("__init__.py")), HELPERS]
 
 
 def contents(package: Path) -> list[str]:
     """The modules and subpackages of `package`, by name."""
-    modules = [p.stem for p in package.glob("*.py") if p.stem not in ("__init__", "__main__")]
+    modules = [
+        p.stem
+        for p in package.glob("*.py")
+        if p.stem not in ("__init__", "__main__") and not p.stem.startswith("test_")
+    ]
     return sorted(modules + [p.name for p in package.iterdir() if (p / "__init__.py").is_file()])
 
 

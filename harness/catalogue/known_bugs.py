@@ -8,7 +8,8 @@ list of `[[bug]]` tables (docs/known-bugs.md):
     id, title, harm        "KB-...", a title, the harm in one line a user understands
     class                  one of CLASSES
     devices                where it can occur: ["cpu"], ["cuda"], ["cpu", "cuda"]
-    upstream, fix          the threads (URLs) and the fixing PR's URL, or "open"
+    upstream, fix          the threads (URLs) and the fixing PR's URL, "open", or "unknown"
+                           (the fix release measured here, its PR not found)
     introduced             the first release with the bug ("2.6"), or "<2.4": before the oldest
                            release this harness supports
     fixed                  the first release without it ("2.10"), or "open"
@@ -39,6 +40,8 @@ from harness.common.versions import release_of, release_text
 BUILTIN_PATH = Path(__file__).with_name("known_bugs.toml")
 PROJECT_FILE = "known_bugs.toml"  # beside the project's claims.toml
 CATALOGUE = "known-bugs"  # the claims catalogue's name for the built-in entries
+# The scenario test that reproduces the built-in entries, a case each (its file, its test).
+SCENARIO = ("test_known_bugs.py", "test_known_bug")
 
 # What part of mixed precision a bug is in: the ledger's classes, each with what it covers.
 CLASSES = {
@@ -56,6 +59,7 @@ CLASSES = {
 DEVICES = ("cpu", "cuda")
 BASES = ("measured", "read")
 OPEN = "open"
+UNKNOWN_FIX = "unknown"  # `fix` where the fix release is measured and its PR not found
 OLDEST = (2, 4)  # the oldest release the harness supports (pyproject's torch>=2.4)
 BEFORE_OLDEST = f"<{release_text(OLDEST)}"
 
@@ -116,13 +120,36 @@ class KnownBug:
         predicted = self.predicted(version)
         return CONTRADICTED if predicted == PRESENT else predicted
 
+    def between_in_words(self, sides: list[tuple[str, str]]) -> str:
+        """Where the ledger says one of `sides` ((device type, torch version) each) has this bug
+        and another not, that in a sentence; "" otherwise (a device it cannot occur on counts
+        as not having it)."""
+        states = {
+            self.predicted(version) if device in self.devices else NOT_YET
+            for device, version in sides
+        }
+        if PRESENT not in states or len(states) == 1:
+            return ""
+        return f"the known-bug ledger: {self.id} affects {self.affects}"
+
     @property
     def affects(self) -> str:
-        """The releases it affects, in words: "2.6 to 2.9 (fixed in 2.10, read)"."""
-        first = "every supported release" if self.introduced is None else self.introduced_text
+        """The releases it affects, in words, each bound with its basis: "every supported release
+        before 2.6 (fixed in 2.6, measured)"."""
+        if self.introduced is None:
+            first, came = "every supported release", ""
+        else:
+            first = f"torch {self.introduced_text}"
+            came = f"introduced in {self.introduced_text}, {self.introduced_basis}; "
         if self.fixed is None:
-            return f"{first} onwards, still open ({self.fixed_basis})"
-        return f"{first} until {self.fixed_text} (fixed in {self.fixed_text}, {self.fixed_basis})"
+            still = (
+                "present on the newest release measured"
+                if self.fixed_basis == "measured"
+                else ("no fix found upstream")
+            )
+            return f"{first}{' and later' if came else ''}, still open ({came}{still})"
+        fixed = self.fixed_text
+        return f"{first} before {fixed} ({came}fixed in {fixed}, {self.fixed_basis})"
 
     @property
     def introduced_text(self) -> str:
@@ -197,7 +224,20 @@ def _entry(where: str, entry: dict, name: str) -> KnownBug:
     if (fixed is None) != (entry["fix"] == OPEN):
         raise CatalogueError(
             f"{where}: fix = {quoted(entry['fix'])} and fixed = {quoted(str(entry['fixed']))} "
-            f'disagree: an open bug has fix = "open", a fixed one the fixing PR\'s URL'
+            f'disagree: an open bug has fix = "open"; a fixed one the fixing PR\'s URL, or '
+            f'"{UNKNOWN_FIX}" where releases measured show the fix and no PR was found'
+        )
+    if entry["fix"] not in (OPEN, UNKNOWN_FIX) and not entry["fix"].startswith("https://"):
+        raise CatalogueError(
+            f"{where}: fix = {quoted(entry['fix'])}: give the fixing PR's URL (https://...), "
+            f'"{OPEN}" or "{UNKNOWN_FIX}"'
+        )
+    if entry["fix"] == UNKNOWN_FIX and entry["fixed_basis"] != "measured":
+        raise CatalogueError(
+            f'{where}: fix = "{UNKNOWN_FIX}" with fixed_basis = '
+            f"{quoted(str(entry['fixed_basis']))}: "
+            "a fix release without its PR stands only where releases measured here show it; "
+            'set fixed_basis = "measured", or find the PR'
         )
     return KnownBug(
         id=entry["id"],

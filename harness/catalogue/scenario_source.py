@@ -4,7 +4,9 @@ declares, the helpers each may run and the verdicts they record.
 Claims are read from the `claim` markers of a test, its class or the module (`pytestmark`),
 written as strings or module-level names bound to them (CLAIM = "FMT-BITS"). Claims that only
 exist once pytest has collected the module (`pytest.param(..., marks=...)`, markers built by a
-function or kept in a variable) read as None here: collected_claims.py reads them.
+function or kept in a variable) read as None here: collected_claims.py reads them. One
+exception, by construction: scenarios/test_known_bugs.py's test claims the built-in known-bug
+ledger's IDs, a case each.
 
 "A helper the test refers to" is any function or class of the same module whose name the test
 uses (called, or passed on as `run_ranks(rank_experiments, ...)` does), followed transitively,
@@ -23,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.catalogue import known_bugs
 from harness.catalogue.controls import Controls, call_name, walk
 from harness.common.errors import HarnessError
 
@@ -75,6 +78,10 @@ class ScenarioModule:
         for node in self.tree.body:
             if _is_test(node):
                 claims = _join(module_claims, self._marks(node.decorator_list))
+                if not claims and (self.path.name, node.name) == known_bugs.SCENARIO:
+                    # Parametrized over the built-in ledger, a case an entry: its claims are
+                    # the ledger's IDs by construction, read here without collecting it.
+                    claims = [DeclaredClaim(bug, node.lineno) for bug in known_bugs.builtin()]
                 yield ScenarioTest(node.name, node, claims)
             elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
                 class_claims = _join(
@@ -165,19 +172,20 @@ class ScenarioModule:
         return list(seen.values())
 
     def verdicts(self, nodes: list[ast.AST]) -> set[str] | None:
-        """Claim IDs passed first to `.verdict(...)`; None when one of them is computed."""
+        """Claim IDs passed first to `.verdict(...)` or `.known_bug(...)` (a known bug's
+        verdict); None when one of them is computed."""
         ids: set[str] = set()
         for node in (n for root in nodes for n in walk(root)):
             if not (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "verdict"
+                and node.func.attr in ("verdict", "known_bug")
             ):
                 continue
             first = (
                 node.args[0]
                 if node.args
-                else next((k.value for k in node.keywords if k.arg == "claim"), None)
+                else next((k.value for k in node.keywords if k.arg in ("claim", "bug")), None)
             )
             found = self.ids(first) if first is not None else None
             if found is None:

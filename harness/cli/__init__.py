@@ -1,11 +1,13 @@
-"""`amp-harness run | list | report | baseline | compare | upgrade | sessions | sync | ui | new |
-validate | diagnose`: thin wrappers over the plugin, the journal, the reports and MLflow. A module
-a command or a group of them, each adding its own arguments and holding its handler:
+"""`amp-harness run | list | report | baseline | compare | upgrade | known-bugs | sessions | sync |
+ui | new | validate | diagnose`: thin wrappers over the plugin, the journal, the reports and
+MLflow. A module a command or a group of them, each adding its own arguments and holding its
+handler:
 
 - `run`: run, where to look next, the report after it;
 - `listing`: list, new, validate (the claims, a new scenario, the contract);
 - `report`: report, and its comparison of the last session with a baseline;
 - `baselines`: baseline save | changes, compare (and --range), upgrade;
+- `known_bugs`: known-bugs (the ledger, per environment and upgrade);
 - `sessions`: sessions, sessions mark;
 - `store`: sync and ui (MLflow);
 - `diagnose`: diagnose;
@@ -21,7 +23,7 @@ import errno
 import sys
 from pathlib import Path
 
-from harness.cli import baselines, diagnose, listing, report, run, sessions, store
+from harness.cli import baselines, diagnose, known_bugs, listing, report, run, sessions, store
 from harness.common.errors import HarnessError
 
 # Each adds its command's parser, in the order `amp-harness --help` lists them.
@@ -33,6 +35,7 @@ COMMANDS = (
     baselines.add_baseline,
     baselines.add_compare,
     baselines.add_upgrade,
+    known_bugs.add,
     sessions.add,
     store.add_ui,
     listing.add_new,

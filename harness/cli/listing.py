@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from harness.catalogue import claims, verdicts
+from harness.catalogue.files import CatalogueError
 from harness.cli.arguments import baselines, command, scenarios
 from harness.common import shown
 from harness.common.errors import HarnessError
@@ -274,6 +275,7 @@ def _validate(args: argparse.Namespace) -> int:
     known = {*devices.CAPABILITY_TEXT, *team}
     problems = contract.check(Path(args.scenarios), _project_catalogue(args), known)
     problems += _accepted_problems(Path(args.baselines), _project_catalogue(args))
+    problems += _known_bug_problems(Path(args.scenarios), _project_catalogue(args))
     for problem in problems:
         print(problem)
     files = len(list(Path(args.scenarios).glob("test_*.py")))
@@ -286,6 +288,28 @@ def _validate(args: argparse.Namespace) -> int:
     if reviewed.exists():
         print(f"validate: {reviewed} is well formed, and no entry of it expired")
     return 0
+
+
+def _known_bug_problems(scenarios: Path, catalogue: Path) -> list[str]:
+    """The project's known-bug ledger (beside its claims) read and checked field by field, and
+    each of its entries that no scenario test claims (docs/known-bugs.md)."""
+    from harness.catalogue import known_bugs
+    from harness.catalogue.scenario_source import claimed_tests
+
+    try:
+        bugs = known_bugs.project(catalogue)
+    except CatalogueError as error:
+        return [str(error)]
+    claimed = claimed_tests(scenarios)
+    if claimed is None:  # a module only pytest can read: `list` collects it; no guess here
+        return []
+    path = catalogue.with_name(known_bugs.PROJECT_FILE)
+    return [
+        f"{path}: {bug}: no scenario test claims it. Fix: reproduce it in a test marked "
+        f'@pytest.mark.claim("{bug}") that calls record.known_bug("{bug}", ...)'
+        for bug in bugs
+        if bug not in claimed
+    ]
 
 
 def _accepted_problems(baselines: Path, catalogue: Path) -> list[str]:

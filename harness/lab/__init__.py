@@ -15,6 +15,8 @@ Imports only harness.common. A scenario author's import surface is this package:
   CPU's facts and levels, the GPU's facts and the datasheet table gpus);
 - `diagnose/`: the pitfalls measured on a user's own model (a package: order, runs, observed,
   thresholds, curves, rules, wording, fixes, kernels, compiled, verify, examples);
+- `known_bugs/`: the known-bug ledger's reproductions, a module a class of bug (each runs the
+  code a bug is in and its control, and says whether the harm showed);
 - `autocast/`: PyTorch's documented autocast lists (`docs`), every op on them measured
   (`ops`, `atlas`), and torch.compile's helpers for the compiled claims (`torch_compile`: a fresh
   compile, its count, the upstream settings that restore eager's behaviour).

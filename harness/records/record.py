@@ -147,32 +147,46 @@ class Record:
         self.verdicts[claim] = Verdict(claim, verdict, evidence)
 
     def known_bug(
-        self, bug: str, present: bool, control_clean: bool, evidence: str, version: str = ""
+        self, bug: str, present: bool | None, control_clean: bool, evidence: str, version: str = ""
     ) -> str | None:
         """The verdict on a known bug of the ledger (harness.catalogue.known_bugs): `confirmed`
-        where its harm showed, `refuted` where not, with the evidence. Returns what contradicts
-        the ledger, or None: a harm that the ledger's bounds do not predict for this release (a
-        wrong bound, or a bug come back), or a control that shows the harm too (a reproduction
-        that cannot tell the bug apart). The test asserts on it."""
+        where its harm showed, `refuted` where not, `skipped` where the reproduction could not
+        run (present None; the evidence says why). Returns what contradicts the ledger, or None:
+        a harm, or none, that its bounds do not predict for this release (a wrong bound, a bug
+        come back, a reproduction that no longer triggers); a control that shows the harm too (a
+        reproduction that cannot tell the bug apart); a reproduction that cannot run where the
+        ledger says the bug is present. The test asserts on it."""
         import torch  # loaded in any scenario test; record.py itself needs no torch
 
         entry = ledger()[bug]
         version = version or torch.__version__
+        predicted = entry.predicted(version)
+        if present is None:
+            self.verdict(bug, "skipped", evidence)
+            if predicted != known_bugs.PRESENT:
+                return None
+            return (
+                f"{bug}: the ledger says torch {version} has it (affects {entry.affects}), but "
+                f"its reproduction cannot run here: {evidence}"
+            )
         verdict = known_bugs.PRESENT_VERDICT if present else known_bugs.ABSENT_VERDICT
         self.verdict(bug, verdict, evidence)
-        self.key_metric(**{"known_bug/present": int(present)})
-        self.metric(**{"known_bug/control_clean": int(control_clean)})
+        # Both kept in a baseline: that a reproduction's harm and its control's absence of it
+        # were measured apart on some release is what shows the reproduction can fail.
+        self.key_metric(
+            **{"known_bug/present": int(present), "known_bug/control_clean": int(control_clean)}
+        )
         if not control_clean:
             return (
                 f"{bug}: the control shows the harm too, so the reproduction does not isolate "
                 f"the bug: {evidence}"
             )
-        state, predicted = entry.state(verdict, version), entry.predicted(version)
-        if (state == known_bugs.PRESENT) == (predicted == known_bugs.PRESENT):
+        if present == (predicted == known_bugs.PRESENT):
             return None
         return (
-            f"{bug}: {state} on torch {version}, where the ledger predicts {predicted} "
-            f"(affects {entry.affects}): a bound is wrong, or the bug came back: {evidence}"
+            f"{bug}: {entry.state(verdict, version)} on torch {version}, where the ledger "
+            f"predicts {predicted} (affects {entry.affects}): a bound is wrong, the bug came "
+            f"back, or the reproduction no longer triggers: {evidence}"
         )
 
     def make_storable(self) -> None:

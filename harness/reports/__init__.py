@@ -16,6 +16,8 @@
 - the upgrade gate: `kinds` (what kind a difference is), `nearest` (the baseline a release
   without its own is gated against), `accepted` (the reviewed accepted-changes file),
   `upgrade` (`amp-harness upgrade`: an upgrade's changes per class);
+- `known_bugs`: the known bugs' verdicts read back per environment (the last session, the
+  baselines), an upgrade's fixes, introductions and keeps, the report's table;
 - `history` (each claim's verdicts and key metrics over the sessions, per class) and `ranges`
   (`compare --range`: what changed at which session); `sessions`: the journal's sessions.
 """

@@ -23,6 +23,7 @@ import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from harness.catalogue.claims import ledger
 from harness.lab import releases
 from harness.lab.autocast import docs as autocast_docs
 from harness.records import environments
@@ -208,9 +209,12 @@ def predicted(
     claims: Iterable[str], facts_a: Mapping[str, str], facts_b: Mapping[str, str]
 ) -> list[str]:
     """The known changes of the releases (harness.lab.releases) between the two environments
-    that cover any of `claims`, in words."""
+    that cover any of `claims`, and the known bugs among them that the ledger says one release
+    has and the other not (harness.catalogue.known_bugs), in words."""
     sides = _sides(facts_a, facts_b)
     if any("n/a" in side for side in sides):  # a hand-written baseline: no release to place
         return []
     found = [releases.in_words(name) for c in claims for name, _ in releases.between(c, sides)]
-    return list(dict.fromkeys(found))
+    bugs = ledger()
+    found += [bugs[c].between_in_words(sides) for c in claims if c in bugs]
+    return list(dict.fromkeys(f for f in found if f))

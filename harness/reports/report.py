@@ -35,7 +35,7 @@ from harness.common import filenames, shown
 from harness.common.errors import HarnessError
 from harness.records import tracking
 from harness.records.tracking import DEFAULT_EXPERIMENT
-from harness.reports import atlas, baseline, history, ledger_read, table
+from harness.reports import atlas, baseline, history, known_bugs, ledger_read, table
 from harness.reports.ledger import COLOURS, MIXED, Environment, plural, when
 from harness.reports.ledger_read import reading
 from harness.reports.table import PER_CLAIM_AND_TEST
@@ -110,6 +110,7 @@ def build(
             "undecided": found.undecided,
             "diagnoses": found.diagnoses,
             "regressions": found.regressions,
+            "known_bugs": known_bugs.report_rows(found.rows, environments),
             "unknown": found.unknown,
             "figures": figures,
             "overview": overview,
@@ -298,6 +299,7 @@ def _markdown(context: dict) -> str:
             for env, text in zip(environments, row, strict=True)
         ]
         lines.append(f"| {claim.id} | " + " | ".join(row) + " |")
+    lines += _known_bugs_markdown(context)
     lines += ["", "## Differences between environments", ""]
     lines += [
         f"- **{cid}**: {_md(difference.summary())}"
@@ -344,6 +346,28 @@ def _markdown(context: dict) -> str:
         lines += ["", "## Figures", ""]
         lines += [f"- [{_md(f.test or f.name)}: {f.name}]({f.file})" for f in figures]
     return "\n".join(lines) + "\n"
+
+
+def _known_bugs_markdown(context: dict) -> list[str]:
+    """The known bugs x environments, a present cell in bold, the workaround beside each."""
+    lines = ["", "## Known bugs", ""]
+    rows = context["known_bugs"]
+    if not rows:
+        return lines + ["No environment ran the known bugs' reproductions."]
+    envs = context["environments"]
+    lines.append("| bug | " + " | ".join(_md(env.label) for env in envs) + " | workaround |")
+    lines.append("|---" * (len(envs) + 2) + "|")
+    for row in rows:
+        states = [
+            f"**{_md(state)}**" if row.present(i) else _md(state)
+            for i, state in enumerate(row.states)
+        ]
+        lines.append(
+            f"| {row.bug.id}: {_md(row.bug.harm)} | "
+            + " | ".join(states)
+            + f" | {_md(row.bug.workaround)} |"
+        )
+    return lines
 
 
 def _history_markdown(context: dict) -> list[str]:

@@ -1,7 +1,7 @@
 """A team's scenario folder, outside harness/, with its own capability, recipe and optimizer,
-written from docs/writing-a-scenario.md alone (tests/team_guide.py reads the files from it): it
-runs and passes, a capability not expected here skips with its reason, and one expected here
-and lost fails as a capability regression, exactly as the built-in ones do."""
+written from docs/writing-a-scenario.md alone (tests/helpers/team_guide.py reads the files from
+it): it runs and passes, a capability not expected here skips with its reason, and one expected
+here and lost fails as a capability regression, exactly as the built-in ones do."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from team_guide import write_guide_files
+from helpers.team_guide import write_guide_files
 
 from harness.lab import devices
 

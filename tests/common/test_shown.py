@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from sessions import CPU, log_session, make_record
+from helpers.sessions import CPU, log_session, make_record
 
 from harness import cli
 from harness.common import shown

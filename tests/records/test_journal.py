@@ -615,7 +615,7 @@ def test_a_session_entry_written_after_its_records_takes_them(tmp_path):
 
 @pytest.mark.slow
 def test_sync_sends_the_records_of_a_rebuilt_session(tmp_path, empty_store):
-    from tracked import runs, store_in
+    from helpers.tracked import runs, store_in
 
     from harness.records.tracking import MlflowSink, sync
 

@@ -1,7 +1,7 @@
 """What the harness exposes: no secret of the environment in anything it records, and nothing
 listening beyond loopback. (`amp-harness ui` binding 127.0.0.1 by default is tested in
-tests/entry_points/test_cli.py; the MLflow and PostgreSQL servers of the tests bind it in
-tests/servers.py.)"""
+tests/cli/test_cli.py; the MLflow and PostgreSQL servers of the tests bind it in
+tests/helpers/servers.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
-from servers import MlflowServer, free_port
+from helpers.servers import MlflowServer, free_port
 
 from harness import cli
 from harness.lab import devices

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from servers import postgres_missing
+from helpers.servers import postgres_missing
 from test_signals import alive, wait_for
 
 TESTS = Path(__file__).parents[1]
@@ -24,7 +24,7 @@ SERVING = """
 import json, os, time
 from pathlib import Path
 import pytest
-from servers import MlflowServer, PostgresServer, free_port
+from helpers.servers import MlflowServer, PostgresServer, free_port
 
 @pytest.fixture
 def servers(tmp_path):

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sessions import CPU, log_session, make_record
+from helpers.sessions import CPU, log_session, make_record
 
 from harness.lab.autocast import docs as autocast_docs
 from harness.records.tracking import MlflowSink, default_uri

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tracked import write_journal
+from helpers.tracked import write_journal
 
 from harness import cli
 

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from sessions import CPU, log_session, make_record
-from tracked import store_in
+from helpers.sessions import CPU, log_session, make_record
+from helpers.tracked import store_in
 
 from harness import cli
 from harness.catalogue.claims import VERDICTS, catalogue

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from journals import TESTS, write_history
+from helpers.journals import TESTS, write_history
 
 from harness import cli
 from harness.catalogue.claims import builtin, load_toml_catalogue
@@ -43,7 +43,7 @@ PEAK = (
 
 @pytest.fixture(scope="session")
 def ci_history(tmp_path_factory):
-    """entries -> a reports folder whose journal holds that many (tests/journals.py), each
+    """entries -> a reports folder whose journal holds that many (tests/helpers/journals.py), each
     written once per test session."""
     made: dict[int, Path] = {}
 
@@ -213,4 +213,23 @@ def test_sessions_benchmark_on_a_year_of_ci_history(benchmark, ci_history, entri
     )  # fmt: skip
     # Its seconds follow the lines it parses: none, the index holds what it shows.
     assert listed.parsed == 0, benchmark.extra_info
+    assert listed.peak_kb < PEAK_MB[entries] * 1024, benchmark.extra_info
+
+
+@pytest.mark.slow
+def test_known_bugs_benchmark_on_a_year_of_ci_history(benchmark, ci_history, entries, tmp_path):
+    """`amp-harness known-bugs` reads the last session's records through the index, and the
+    committed baselines: at a year of CI history it parses one session's lines."""
+    reports = ci_history(entries)
+    listing = ["known-bugs", "--reports", str(reports)]
+    run(*listing)  # the index, as the first reader of a new journal builds it
+    benchmark.pedantic(run, args=listing, rounds=3)
+    listed = fastest(*listing)
+    upgrade = fastest("known-bugs", "--from", "2.9.1", "--to", "2.13.0")
+    benchmark.extra_info.update(
+        entries=entries, known_bugs_s=round(listed.seconds, 2),
+        known_bugs_peak_mb=round(listed.peak_kb / 1024), known_bugs_parsed=listed.parsed,
+        upgrade_s=round(upgrade.seconds, 2), upgrade_parsed=upgrade.parsed,
+    )  # fmt: skip
+    assert listed.parsed <= TESTS and upgrade.parsed == 0, benchmark.extra_info
     assert listed.peak_kb < PEAK_MB[entries] * 1024, benchmark.extra_info

@@ -18,7 +18,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-from browser import (
+from helpers.browser import (
     LISTED,
     RUN_NAME,
     browser_page,
@@ -31,7 +31,7 @@ from browser import (
     run_names,
     search,
 )
-from sessions import CPU, GPU, log_session, make_record
+from helpers.sessions import CPU, GPU, log_session, make_record
 
 from harness.records import tracking
 from harness.records.mlflow import uris

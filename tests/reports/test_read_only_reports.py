@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tracked import run_session
+from helpers.tracked import run_session
 
 # sh -c SCRIPT FOLDER COMMAND...: FOLDER read-only for COMMAND alone.
 READ_ONLY = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'

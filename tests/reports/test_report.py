@@ -18,11 +18,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from browser import CHROMIUM, needs_chromium
 from conftest import REPO
+from helpers.browser import CHROMIUM, needs_chromium
+from helpers.sessions import CPU, CPU_LABEL, GPU, GPU_LABEL, log_session, make_record, png
+from helpers.tracked import counting_mlflow_calls
 from matplotlib.image import imread
-from sessions import CPU, CPU_LABEL, GPU, GPU_LABEL, log_session, make_record, png
-from tracked import counting_mlflow_calls
 
 from harness import cli
 from harness.catalogue.claims import VERDICTS, catalogue
@@ -225,8 +225,9 @@ def test_summary_md_has_the_ledger_as_a_markdown_table(built):
     lines = (built / "summary.md").read_text().splitlines()
     start = lines.index(f"| claim | {GPU_LABEL} | {CPU_LABEL} |")
     assert lines[start + 1] == "|---|---|---|"
-    rows = [line for line in lines[start + 2 :] if line.startswith("| ")]
-    assert len(rows) == len(catalogue())
+    table = lines[start + 2 :]
+    rows = table[: table.index("")]  # the ledger's table, up to the blank line after it
+    assert len(rows) == len(catalogue()) and all(row.startswith("| ") for row in rows)
     assert "| FMT-BITS | [confirmed](http://127.0.0.1:5000/#/experiments/" in rows[0]
     # The header names each environment once, then the sessions its entries come from.
     at = lines.index(f"- **{CPU_LABEL}**: 12 tests; {LEGACY_CPU}")
@@ -470,7 +471,7 @@ def test_a_megabyte_of_evidence_is_cut_on_the_page_and_links_to_its_run(unfinish
 
 @pytest.mark.slow
 def test_a_dead_or_hanging_tracking_server_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
-    """The report's side of "slow is not down" (tests/records/test_tracking.py has the rest):
+    """The report's side of "slow is not down" (tests/records/mlflow/test_tracking.py has the rest):
     no report folder, no password, one line."""
     for name in (*MLFLOW_ENV, "MLFLOW_HTTP_REQUEST_MAX_RETRIES"):  # the harness's own bounds
         monkeypatch.delenv(name, raising=False)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import torch
-from autocast_breaks import mm_without_autocast, without_autocast_rule
 from conftest import assert_fails_naming
+from helpers.autocast_breaks import mm_without_autocast, without_autocast_rule
 
 from harness.lab import devices
 from harness.lab.machine import cpu

@@ -49,7 +49,7 @@ FAULTS = [
 def test_a_fault_in_the_ranks_fails_the_scenario(
     run_scenario, monkeypatch, fault, test, claim, says
 ):
-    monkeypatch.setenv(SETUP_ENV, f"rank_faults:{fault}")
+    monkeypatch.setenv(SETUP_ENV, f"helpers.rank_faults:{fault}")
     result = run_scenario(MODULE, "-k", test)
     assert_fails_naming(result, claim, failed=len(says))
     errors = [line for line in result.outlines if line.startswith("E ")]

@@ -6,7 +6,7 @@ updates are lost, and passes unbroken (the guide's own control)."""
 from __future__ import annotations
 
 import pytest
-from team_guide import write_guide_files
+from helpers.team_guide import write_guide_files
 
 
 @pytest.mark.slow  # a pytest of its own, importing torch, that runs the scenario twice

@@ -263,7 +263,7 @@ def _paired_truth(runs: list[Run], references: list[Run], noise: Noise) -> tuple
     diverges (or its logged loss overflows) on any seed; harmed, or differs from fp32, where the
     mean relative gap is consistent (sign_flip_p under ALPHA) and beyond fp32's seed spread (its
     standard deviation, relative), PAIRED_MARGIN and the loss floor; trains as fp32 otherwise.
-    tests/zoo_truth.py's judge_paired applies the same test in its own words on purpose: the
+    tests/helpers/zoo_truth.py's judge_paired applies the same test in its own words on purpose: the
     truth diagnose is measured against imports none of diagnose's judgement."""
     count = len(runs)
     went = [(seed, found) for seed, (run, reference) in enumerate(zip(runs, references,

@@ -127,8 +127,8 @@ BUILT_IN: tuple[BuiltIn, ...] = (
         lambda device: probes.probe_autocast(device, torch.float16),
         {
             # Documented from 2.5, but it works in 2.4 (every fp16-autocast scenario passed on
-            # 2.4.1: reports/baselines/), and tests/lab/test_capabilities.py holds each row to
-            # the baselines.
+            # 2.4.1: reports/baselines/), and tests/lab/machine/test_capabilities.py holds each
+            # row to the baselines.
             "cpu": Expected(source="CPU autocast ran float16 in torch 2.4.1"),
             "cuda": Expected(source="float16 is CUDA autocast's default dtype"),
         },

@@ -122,7 +122,7 @@ def _bounded_requests(send: Callable) -> Callable:
 def _hold_requests_to_bounds() -> None:
     """MLflow's sender replaced by _bounded_requests, once. MLflow 3.17's, where every request
     of its REST store and artifact repository goes (mlflow.utils.rest_utils.http_request):
-    tests/records/test_tracking.py's slow and hanging servers fail if that changes."""
+    tests/records/mlflow/test_tracking.py's slow and hanging servers fail if that changes."""
     from mlflow.utils import rest_utils
 
     if not getattr(rest_utils._get_http_response_with_retries, "amp_bounds", False):
