@@ -6,6 +6,7 @@ journal and the baselines only: nothing is run (docs/known-bugs.md)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from importlib import metadata
@@ -67,16 +68,21 @@ def _known_bugs(args: argparse.Namespace) -> int:
 
 
 def _columns(args: argparse.Namespace, known_bugs) -> list:
-    """The environments asked for: a release's baselines, or this environment's last session
-    (none where it ran no reproduction: the ledger's prediction is shown instead)."""
+    """The environments asked for: a release's baselines; or this environment's last session
+    (where it ran the reproductions) beside the committed baselines of the installed torch, each
+    column naming where it was read from."""
+    committed = known_bugs.from_baselines(Path(args.baselines))
     if args.release is not None:
-        columns = known_bugs.from_baselines(Path(args.baselines))
-        return known_bugs.pick(columns, args.release, args.hardware_class)
+        return known_bugs.pick(committed, args.release, args.hardware_class)
+    found = []
     path = Path(args.reports) / JOURNAL_NAME
-    if not path.is_file():
-        return []
-    last = known_bugs.from_journal(Journal(path))
-    return [last] if last is not None else []
+    if path.is_file():
+        last = known_bugs.from_journal(Journal(path))
+        found += [last] if last is not None else []
+    # No baseline of this release: the session alone, or the ledger's prediction.
+    with contextlib.suppress(HarnessError):
+        found += known_bugs.pick(committed, _installed_torch(), args.hardware_class)
+    return found
 
 
 def _installed_torch() -> str:
@@ -87,7 +93,9 @@ def _installed_torch() -> str:
 def _list(bugs: dict, columns: list) -> None:
     torch = _installed_torch()
     if columns:
-        print(f"{len(bugs)} known bugs; " + "; ".join(f"{c.label}: {c.source}" for c in columns))
+        print(f"{len(bugs)} known bugs; columns, left to right:")
+        for c in columns:
+            print(shown.visible(f"  {c.label}: {c.source}"))
     else:
         print(
             f"{len(bugs)} known bugs. No session here ran their reproductions: the state shown "

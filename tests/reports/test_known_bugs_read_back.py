@@ -113,10 +113,21 @@ def test_a_question_it_cannot_answer_is_a_usage_error_saying_why(committed, caps
 
 
 def test_without_a_session_of_the_reproductions_it_shows_the_prediction_marked(tmp_path, capsys):
-    assert cli.main(["known-bugs", "--reports", str(tmp_path)]) == 0
+    empty = ["--reports", str(tmp_path), "--baselines", str(tmp_path / "none")]
+    assert cli.main(["known-bugs", *empty]) == 0
     out = capsys.readouterr().out
     assert "No session here ran their reproductions" in out and "not a measurement" in out
     assert f"{len(claims.ledger())} known bugs" in out
+
+
+def test_the_installed_releases_baselines_stand_beside_the_session(committed, capsys, monkeypatch):
+    from harness.cli import known_bugs as command
+
+    monkeypatch.setattr(command, "_installed_torch", lambda: "2.13.0+cpu")
+    assert cli.main(["known-bugs", "--reports", "/nonexistent", "--baselines", str(committed)]) == 0
+    out = capsys.readouterr().out
+    assert "cpu-x86-64-avx2 / torch 2.13.0+cpu: " in out and "known-bugs/cpu-x86-64-avx2" in out
+    assert f"{NORM}  [norm-loss-numerics]  absent (fixed)" in out
 
 
 def test_a_change_the_bounds_predict_is_predicted_and_a_bug_come_back_is_not():
