@@ -46,3 +46,12 @@ def test_a_module_the_docstring_does_not_name_fails(tmp_path):
     assert unnamed(tmp_path) == []
     (tmp_path / "added.py").write_text("")
     assert unnamed(tmp_path) == ["added"]
+
+
+def test_no_test_module_shares_its_name_with_another_or_with_a_scenario():
+    """Test folders have no __init__.py (pytest's prepend import mode), and the sensitivity
+    tests import scenario modules into the same process: two modules of one name collide."""
+    root = HARNESS.parent
+    names = [p.name for p in (root / "tests").rglob("test_*.py")]
+    names += [p.name for p in (root / "scenarios").glob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

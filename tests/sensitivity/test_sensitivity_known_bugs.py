@@ -11,7 +11,7 @@ second a run) and on a fixed entry given a harm:
 - a harm on a release the ledger says fixed (a bug come back) fails.
 
 That each reproduction's own harm check and control tell the two apart is shown from the
-committed baselines (tests/catalogue/test_known_bugs.py): on some release, harm with a clean
+committed baselines (tests/catalogue/test_known_bug_ledger.py): on some release, harm with a clean
 control."""
 
 from __future__ import annotations
