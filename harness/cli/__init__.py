@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -71,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         print(f"amp-harness: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`amp-harness known-bugs | head`): stop quietly, as `cat` does,
+        # and keep Python from failing again on flushing stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except OSError as exc:
         if exc.filename is None:
             raise

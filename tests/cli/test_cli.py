@@ -502,3 +502,16 @@ def test_runs_hints_name_the_folder_and_the_store_the_session_used(tmp_path, mon
     assert "amp-harness ui" not in server and "s3cret" not in server
     assert "127.0.0.1:5999  the tracking server: browse and compare the runs there" in server
     assert "amp-harness ui" not in hints("--no-mlflow")  # no store to browse
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    """`amp-harness known-bugs | head -1`: the pipe closes before the command has written; it
+    stops as `cat` does (status 141, SIGPIPE's), without a traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "known-bugs", "--reports", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    proc.stdout.close()  # before the interpreter has even started: its first write fails
+    _, errors = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and errors == b"", errors.decode()
