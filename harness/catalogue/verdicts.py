@@ -68,6 +68,16 @@ def status(
     )
 
 
+def recorded_in(label: str) -> str:
+    """The verdict a status's label holds as recorded: "failed (was: partly)" and "interrupted
+    (was: partly)" -> "partly"; any other label is itself ("confirmed", "skipped", ...)."""
+    for word in ("failed", "interrupted"):
+        prefix = f"{word} (was: "
+        if label.startswith(prefix) and label.endswith(")"):
+            return label[len(prefix) : -1]
+    return label
+
+
 def from_label(label: str, stands: bool, evidence: str, test: str = "") -> Status:
     """A status as a summary (harness.reports.baseline) keeps it: its label and whether it
     stands."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.catalogue import known_bugs
+from harness.catalogue import known_bugs, verdicts
 from harness.catalogue.claims import ledger
 from harness.common.errors import HarnessError
 from harness.common.versions import version_key
@@ -27,7 +27,6 @@ from harness.reports import baseline
 
 FOLDER = "known-bugs"  # beside the baselines: the sessions of the reproductions alone
 NOT_MEASURED = "not measured"
-_FAILED = "failed (was: "  # how a baseline holds a verdict whose test failed
 
 
 @dataclass(frozen=True)
@@ -61,11 +60,9 @@ def column(summary: dict, source: str) -> Column:
         entry = bugs.get(verdict.get("claim"))
         if entry is None:
             continue
-        word = verdict.get("verdict", "")
-        stands = not word.startswith(_FAILED)
-        if not stands:
-            word = word.removeprefix(_FAILED).removesuffix(")")
-        state = entry.state(word, found.torch)
+        label = verdict.get("verdict", "")
+        recorded = verdicts.recorded_in(label)
+        state, stands = entry.state(recorded, found.torch), recorded == label
         found.cells[entry.id] = Cell(state, verdict.get("evidence", ""), stands)
     return found
 
@@ -199,10 +196,9 @@ def report_rows(rows: list, environments: list) -> list[Row]:
             if cell.verdict is None:
                 states.append(NOT_MEASURED)
                 continue
-            word = cell.verdict.label
-            failed = word.startswith(_FAILED)
-            torch = env.facts.get("torch", "")
-            state = entry.state(word.removeprefix(_FAILED).removesuffix(")"), torch)
+            recorded = verdicts.recorded_in(cell.verdict.label)
+            state = entry.state(recorded, env.facts.get("torch", ""))
+            failed = recorded != cell.verdict.label
             states.append(f"{state} (its test failed)" if failed else state)
         found.append(Row(entry, states))
     if all(state == NOT_MEASURED for row in found for state in row.states):
