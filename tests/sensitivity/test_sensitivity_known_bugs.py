@@ -10,9 +10,9 @@ second a run) and on a fixed entry given a harm:
   test skips with the reason;
 - a harm on a release the ledger says fixed (a bug come back) fails.
 
-That each reproduction's own harm check and control tell the two apart is shown from the
-committed baselines (tests/catalogue/test_known_bug_ledger.py): on some release, harm with a clean
-control."""
+That each reproduction's own harm check and control tell the two apart is shown per entry by
+test_sensitivity_known_bug_entries.py, and from the committed baselines
+(tests/catalogue/test_known_bug_ledger.py): on some release, harm with a clean control."""
 
 from __future__ import annotations
 

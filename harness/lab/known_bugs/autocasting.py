@@ -154,20 +154,14 @@ def transformer_fastpath_cpu_autocast(device: torch.device, control: bool) -> Ob
     try:
         with torch.no_grad(), torch.autocast(device.type, dtype=_LOW):
             out = layer(x)
+        raised, what = 0, f"output {str(out.dtype).removeprefix('torch.')}"
     except RuntimeError as error:
-        return Observed(
-            harm=True,
-            says=(
-                f"TransformerEncoderLayer in {mode} mode under no_grad and {device.type} "
-                f"bf16 autocast raises: {str(error).splitlines()[0][:120]}"
-            ),
-            numbers={"raised": 1.0},
-        )
+        raised, what = 1, str(error).splitlines()[0][:120]
     return Observed(
-        harm=False,
+        harm=bool(raised),
         says=(
             f"TransformerEncoderLayer in {mode} mode under no_grad and {device.type} bf16 "
-            f"autocast runs, output {str(out.dtype).removeprefix('torch.')}"
+            f"autocast: {raised} of 1 calls raised ({what})"
         ),
-        numbers={"raised": 0.0},
+        numbers={"raised": float(raised)},
     )

@@ -69,7 +69,8 @@ def sac_autocast_shared_weight(device: torch.device, control: bool) -> Observed:
         out.float().sum().backward()
         what, failed = f"backward ran (weight gradient {float(layer.weight.grad.norm()):.4g})", 0
     except RuntimeError as error:
-        what, failed = f"backward raised: {str(error).splitlines()[0][:90]}", 1
+        failed = 1  # a number in the evidence, whichever way it went
+        what = f"backward failed ({failed} of 1): {str(error).splitlines()[0][:90]}"
     cache = "off" if control else "on"
     return Observed(
         harm=bool(failed),
