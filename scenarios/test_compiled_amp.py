@@ -26,11 +26,15 @@ reproduction of each mismatch:
   inductor computes it in float32, silently, before 2.12.
 - Before 2.7 dynamo guards no ambient autocast dtype: the block compiled under bfloat16 and
   called under float16 runs its bfloat16 graph, on both backends.
-- On 2.9 to 2.11 inductor's AOTAutograd cache keys no autocast dtype: a compile under float16
-  is served the graph compiled under bfloat16 (and GradScaler then sees no float16 overflow).
-- 2.4.1's and 2.5.1's inductor kernels turn flush-to-zero on for the process when they load
-  (put back after each compiled call here); 2.5.1's inductor cannot compile the attention's
-  backward under autocast at static shapes (an AssertionError fusing its C++ loops).
+- Before 2.13 (2.12 not measured) AOTAutograd's cache, where it is on (by default from 2.7),
+  keys no autocast dtype: a recompile under float16 in the same cache is served the graph
+  compiled under bfloat16. Each test compiles into a fresh cache of its own, so that only a
+  test's own compiles meet in it: the switch's recompile here.
+- 2.4.1's and 2.5.1's inductor kernels turn flush-to-zero on for the process when they load,
+  where the C++ compiler links crtfastmath.o into them (probed: torch_compile.fast_math_flushes;
+  put back after each compiled call here); 2.5.1's inductor cannot compile the attention's
+  backward under autocast at static shapes: its own outcome, "cannot compile", never the
+  claim's verdict, which the arms that compiled decide.
 - The rest holds as eager: dtypes exact and values within the low dtype's rounding, each step's
   weights seen inside one long autocast region (where eager forwards the first step's cached
   casts), GradScaler's skip on inf and NaN, dynamic shapes, and a loss curve within fp32's own
@@ -62,7 +66,6 @@ pytestmark = pytest.mark.slow
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 BACKENDS = torch_compile.BACKENDS  # ("aot_eager", "inductor")
-INDUCTOR = "inductor_compile"  # the capability inductor's arm needs (harness.lab.devices)
 LOW_DTYPES = [
     pytest.param(BF16, marks=pytest.mark.requires("bf16_autocast"), id="bfloat16"),
     pytest.param(F16, marks=pytest.mark.requires("fp16_autocast"), id="float16"),
@@ -79,6 +82,16 @@ RAISED = "compile and run"  # the subject of a mismatch where the compiled run r
 DENORMALS = "float32 subnormals after the call"  # where it turned flush-to-zero on
 SERVED = "the block's compiled graph"  # where a cache served the other low dtype's graph
 OTHER = {BF16: F16, F16: BF16}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_inductor_cache():
+    """A cache of the test's own (inductor's, and AOTAutograd's inside it): nothing another test
+    or an earlier session compiled is served to it, so that no verdict depends on test order
+    or on the disk. The cache's key is CMP-DTYPE-SWITCH's own test
+    (scenarios/test_compiled_parity.py)."""
+    with torch_compile.fresh_cache_dir():
+        yield
 
 
 def _short(dtype: torch.dtype) -> str:
@@ -245,14 +258,17 @@ def _gap(value: torch.Tensor, reference: torch.Tensor) -> float:
     return float((value - reference).abs().max() / reference.abs().max().clamp_min(1e-30))
 
 
-def _block_mismatches(eager: Run, run: Run, low, backend: str) -> list[Mismatch]:
-    """How `run` differs from eager's on CMP-BLOCK-DTYPES's terms: a raise; any output's or
-    gradient's dtype; a value of the block's low-precision ops, or a gradient, further from
-    eager's than the low dtype's tolerance."""
+def _block_mismatches(
+    eager: Run, run: Run, low, backend: str, served_by: str | None = None
+) -> list[Mismatch]:
+    """How `run` differs from eager's on CMP-BLOCK-DTYPES's terms: a raise; the other low
+    dtype's graph run (`served_by`: by what, where known; else the AOTAutograd cache, the one
+    cause within a compile); any output's or gradient's dtype; a value of the block's
+    low-precision ops, or a gradient, further from eager's than the low dtype's tolerance."""
     if run.error:
         return _raised(run, backend)
     if _served_other(run, low):
-        return [_served_mismatch(low, backend)]
+        return [_served_mismatch(low, backend, served_by or _cache_cause())]
     found = []
     for kind, ours, theirs in (("output", run.outputs, eager.outputs),
                                ("gradient", run.grads, eager.grads)):  # fmt: skip
@@ -273,36 +289,65 @@ def _served_other(run: Run, low) -> bool:
     return not run.error and run.outputs["linear"].dtype == OTHER[low]
 
 
-def _served_mismatch(low, backend: str) -> Mismatch:
-    return Mismatch(
-        SERVED,
-        f"{_short(low)}'s",
-        f"{_short(OTHER[low])}'s, compiled earlier and served from the AOTAutograd cache, whose "
-        "key leaves the autocast dtype out (pytorch/pytorch#181564)",
-        backend,
-    )
+def _served_mismatch(low, backend: str, served_by: str) -> Mismatch:
+    return Mismatch(SERVED, f"{_short(low)}'s", f"{_short(OTHER[low])}'s, {served_by}", backend)
+
+
+def _cache_cause() -> str:
+    """Why a recompile ran the other dtype's graph, as this release's cache says: served from
+    the AOTAutograd cache where it is on; where it is off, nothing known explains it."""
+    if torch_compile.autograd_cache_on():
+        return (
+            "compiled earlier and served from the AOTAutograd cache, whose key leaves the "
+            "autocast dtype out (pytorch/pytorch#181564)"
+        )
+    return "with the AOTAutograd cache off: no known cause"
+
+
+def _switch_cause(new_graphs: int) -> str:
+    """Why a call under another autocast dtype ran the first dtype's graph: no recompile is
+    Dynamo's missing guard on the ambient autocast dtype (pytorch/pytorch#112260, guarded since
+    #143592); a recompile served the old graph is the cache's key (_cache_cause)."""
+    if new_graphs == 0:
+        return (
+            "its graph reused without a recompile: Dynamo guards no ambient autocast dtype "
+            "(pytorch/pytorch#112260, fixed by #143592)"
+        )
+    return _cache_cause()
 
 
 def _named(mismatches: list[Mismatch]) -> str:
     return "; ".join(map(str, mismatches)) or "none"
 
 
-def _verdict(failed: dict[str, bool]) -> str:
-    """Per arm whether the claim failed there: in none, confirmed; in all, refuted; else
-    partly (the evidence names the arms)."""
-    bad = sum(failed.values())
-    return "confirmed" if bad == 0 else "refuted" if bad == len(failed) else "partly"
+def _verdict(record, failed: dict[str, bool], errors: dict[str, str]) -> str:
+    """Per arm whether the claim failed there, over the arms that compiled (`errors`: what
+    each arm raised, empty where it compiled): record.over_arms, so that an arm that cannot
+    compile is its own outcome, never the claim's verdict."""
+    return record.over_arms({b: None if errors.get(b) else bad for b, bad in failed.items()})
+
+
+def _uncompiled(record, errors: dict[str, str]) -> None:
+    """Which arms could not compile, as key metrics: shown apart from the claim's verdict."""
+    record.key_metric(**{f"cannot_compile/{b}": int(bool(e)) for b, e in errors.items()})
+
+
+def _raise_of(mismatches: list[Mismatch]) -> str:
+    """What the arm raised compiling or running, where it did: its error line."""
+    raised = (m.compiled for m in mismatches if m.subject.startswith(RAISED))
+    return next(raised, "").removeprefix("raised ")
+
+
+def _raised_in(arms: dict[str, list[Mismatch]]) -> dict[str, str]:
+    return {b: _raise_of(found) for b, found in arms.items()}
 
 
 def _arms(amp_device) -> tuple[list[str], str]:
-    """The backends measured here: aot_eager always; inductor where the machine has what it
-    builds with (else the evidence says why: no C++ compiler). Where inductor is expected and
-    broken, DeviceInfo.optional raises: the test fails as a capability regression."""
-    lack = amp_device.optional(INDUCTOR) if "inductor" in BACKENDS else None
-    backends = [b for b in BACKENDS if b != "inductor" or lack is None]
+    """The backends measured here (torch_compile.backends_here), or a skip where none is."""
+    backends, left_out = torch_compile.backends_here(amp_device, BACKENDS)
     if not backends:  # nothing to measure here (BACKENDS held to inductor, and no compiler)
-        pytest.skip(lack.reason if lack else "no torch.compile backend to measure")
-    return backends, f" Inductor not measured: {lack.reason}." if lack else ""
+        pytest.skip(left_out.strip() or "no torch.compile backend to measure")
+    return backends, left_out
 
 
 def _with_setting(
@@ -349,28 +394,40 @@ def _predicted_error(amp_device, backend: str, dynamic: bool = False) -> bool:
 
 
 def _raise_as_predicted(amp_device, backend: str, error: str, dynamic=False) -> str | None:
-    """None where the arm raised exactly where predicted (the AssertionError of 2.5.1's
-    inductor), else what differs."""
+    """None where the arm could not compile exactly where predicted (2.5.1's inductor on the
+    attention's backward), else what differs. The behaviour is held, not the words: any error
+    compiling or running the arm is its failure to compile (2.5.1 raises an AssertionError
+    inside a BackendCompilerFailed, whose text another build may word otherwise)."""
     if _predicted_error(amp_device, backend, dynamic):
-        if "AssertionError" in error:
+        if error:
             return None
         return (
-            f"{backend}: predicted an AssertionError compiling the attention's backward on "
-            f"torch {torch.__version__} (pytorch/pytorch#138550), got {error or 'no error'}"
+            f"{backend}: predicted it cannot compile the attention's backward on torch "
+            f"{torch.__version__} (pytorch/pytorch#138550), got no error"
         )
     return f"{backend}: raised {error}" if error else None
 
 
 def _may_serve_other(backend: str) -> bool:
     """Whether the arm may be served the other low dtype's graph here (CACHE_KEYS_DTYPE: the
-    cache is AOTAutograd's, the same on every device)."""
-    return backend == "inductor" and _before(CACHE_KEYS_DTYPE, releases.ANY_DEVICE)
+    cache is AOTAutograd's, the same on every device, and serves only where it is on)."""
+    return (
+        backend == "inductor"
+        and _before(CACHE_KEYS_DTYPE, releases.ANY_DEVICE)
+        and torch_compile.autograd_cache_on()
+    )
 
 
 def _predicted_flush(amp_device, backend: str) -> bool:
     """Whether running the block compiled with `backend` is predicted to turn flush-to-zero
-    on for the process here."""
-    return backend == "inductor" and _before(KEEPS_DENORMALS, amp_device.type)
+    on for the process here: inductor before 2.6 builds its kernels with -ffast-math, which
+    turns it on only where the C++ compiler links crtfastmath.o into a shared library (gcc
+    before 13 does; clang and gcc 13 on do not): probed, not assumed."""
+    return (
+        backend == "inductor"
+        and _before(KEEPS_DENORMALS, amp_device.type)
+        and torch_compile.fast_math_flushes()[0] is True
+    )
 
 
 def _unpredicted(
@@ -386,7 +443,7 @@ def _unpredicted(
     if any(m.subject == SERVED for m in mismatches) and not _may_serve_other(backend):
         problems.append(f"{backend}: predicted its own dtype's graph, got {_named(mismatches)}")
     rest = [m for m in mismatches if m.subject not in (DENORMALS, SERVED)]
-    raised = next((m.compiled for m in rest if m.subject.startswith(RAISED)), "")
+    raised = _raise_of(rest)
     if raised or _predicted_error(amp_device, backend, dynamic):
         problems.append(_raise_as_predicted(amp_device, backend, raised, dynamic))
     elif rest:
@@ -427,15 +484,22 @@ def test_compiled_block_keeps_eager_dtypes(record, amp_device, low):
 
     record.param(autocast_dtype=_short(low), backends=",".join(backends))
     record.key_metric(**{f"mismatches/{backend}": len(found) for backend, found in arms.items()})
+    _uncompiled(record, errors := _raised_in(arms))
+    compiler = torch_compile.fast_math_flushes()[1] if "inductor" in backends else ""
     record.verdict(
         "CMP-BLOCK-DTYPES",
-        _verdict({b: bool(found) for b, found in arms.items()}),
+        _verdict(record, {b: bool(found) for b, found in arms.items()}, errors),
         f"{_short(low)} autocast on {amp_device.type}, the block's {len(COMPUTED_LOW)} "
         f"low-precision outputs, 2 float32 ones and {len(eager.grads)} gradients against "
         f"eager's (values within {_tolerance(low):.3g} of the largest entry): "
         + "; ".join(f"{b}: {len(found)} mismatches {_named(found)}" for b, found in arms.items())
         + "".join(f"; with {text}" for text in settings)
         + f"; control, eager against eager in {_short(other)}: {len(control)} mismatches."
+        + (
+            f" Flush-to-zero predicted from the C++ compiler: {compiler}."
+            if "inductor" in backends and _before(KEEPS_DENORMALS, amp_device.type)
+            else ""
+        )
         + left_out,
     )
     wrong = [_unpredicted(amp_device, b, found) for b, found in arms.items()]
@@ -501,7 +565,7 @@ def _region(run: Run, block: Block, x: torch.Tensor) -> Region:
 def _region_mismatches(region: Region, low, backend: str) -> list[Mismatch]:
     if region.error:
         return _raised(Run(error=region.error), backend)
-    found = [_served_mismatch(low, backend)] if region.graph == OTHER[low] else []
+    found = [_served_mismatch(low, backend, _cache_cause())] if region.graph == OTHER[low] else []
     low = region.graph  # what the graph computed in: its rounding is what the gaps are of
     if region.dtypes != (F32, F32):
         got = ", ".join(map(_short, region.dtypes))
@@ -597,9 +661,10 @@ def test_disabled_region_computes_in_float32(record, amp_device, low):
         record.metric(**{f"backward_gap/{backend}": region.backward_gap})
         float32_backward = int(region.backward_gap <= FP32_TOLERANCE)
         record.key_metric(**{f"float32_backward/{backend}": float32_backward})
+    _uncompiled(record, errors := {b: r.error for b, r in regions.items()})
     record.verdict(
         "CMP-DISABLED-REGION",
-        _verdict({b: bool(found) for b, found in arms.items()}),
+        _verdict(record, {b: bool(found) for b, found in arms.items()}, errors),
         f"{_short(low)} autocast on {amp_device.type}, an autocast(enabled=False) region in the "
         f"compiled block, forward and backward held to float32 arithmetic on each run's own "
         f"inputs (tolerance {FP32_TOLERANCE:.3g}): eager off by {eager_region.forward_gap:.3g} "
@@ -679,13 +744,17 @@ def test_dtype_switch_recompiles(record, amp_device):
         new_graphs[backend] = [
             after - before for before, after in zip(counts, counts[1:], strict=False)
         ]
-    arms = {b: _block_mismatches(eager, runs[b][1], F16, b) for b in backends}
+    arms = {
+        b: _block_mismatches(eager, runs[b][1], F16, b, _switch_cause(new_graphs[b][1]))
+        for b in backends
+    }
 
     record.param(backends=",".join(backends), order=", ".join(map(_short, SWITCH)))
     record.key_metric(**{f"recompiled_on_switch/{b}": new[1] for b, new in new_graphs.items()})
+    _uncompiled(record, errors := {b: runs[b][1].error for b in backends})
     record.verdict(
         "CMP-DTYPE-SWITCH",
-        _verdict({b: bool(found) for b, found in arms.items()}),
+        _verdict(record, {b: bool(found) for b, found in arms.items()}, errors),
         f"the block compiled once on {amp_device.type} and called under "
         f"{', '.join(map(_short, SWITCH))} autocast: "
         + "; ".join(
@@ -807,9 +876,10 @@ def test_compiled_loop_in_one_region_sees_each_update(record, amp_device, low):
     record.param(autocast_dtype=_short(low), steps=STEPS, lr=LR, backends=",".join(backends))
     record.key_metric(**{f"sees_updates/{b}": int(loop.sees_updates) for b, loop in loops.items()})
     record.key_metric(**{"sees_updates/eager": int(eager.sees_updates)})
+    _uncompiled(record, errors := {b: loop.error for b, loop in loops.items()})
     record.verdict(
         "CMP-WEIGHT-CACHE",
-        _verdict({b: not loop.sees_updates for b, loop in loops.items()}),
+        _verdict(record, {b: not loop.sees_updates for b, loop in loops.items()}, errors),
         f"{_short(low)} autocast on {amp_device.type}, the block trained {STEPS} SGD steps "
         f"(lr {LR}) inside one autocast region: "
         + "; ".join(f"{b}: {loop}" for b, loop in loops.items())
@@ -919,9 +989,12 @@ def test_grad_scaler_skips_a_compiled_overflow(record, amp_device):
     )
     for arm, steps in {"eager": eager, **arms}.items():
         record.key_metric(**{f"skipped/{arm}/{c}": int(s.skipped) for c, s in steps.items()})
+    errors = {b: " / ".join(sorted({s.error for s in steps.values() if s.error}))
+              for b, steps in arms.items()}  # fmt: skip
+    _uncompiled(record, errors)
     record.verdict(
         "CMP-SCALER-SKIP",
-        _verdict({b: bool(_scaler_wrong(steps)) for b, steps in arms.items()}),
+        _verdict(record, {b: bool(_scaler_wrong(steps)) for b, steps in arms.items()}, errors),
         f"one torch.amp.GradScaler({amp_device.type!r}) step of the block under float16 "
         f"autocast from the same weights, the scale {SCALER_CASES['clean']:g} (clean, nan) or "
         f"{SCALER_CASES['inf']:g} (inf): eager: {described(eager)}; "
@@ -987,9 +1060,10 @@ def test_dynamic_shapes_keep_eager_dtypes(record, amp_device):
     record.param(autocast_dtype=_short(low), shapes=str(SHAPES), backends=",".join(backends))
     record.metric(**{f"graphs/{backend}": count for backend, count in graphs.items()})
     record.key_metric(**{f"mismatches/{backend}": len(found) for backend, found in arms.items()})
+    _uncompiled(record, errors := _raised_in(arms))
     record.verdict(
         "CMP-DYNAMIC-SHAPES",
-        _verdict({b: bool(found) for b, found in arms.items()}),
+        _verdict(record, {b: bool(found) for b, found in arms.items()}, errors),
         f"{_short(low)} autocast on {amp_device.type}, the block compiled with dynamic=True and "
         f"run at {SHAPES[0]} then {SHAPES[1]}: "
         + "; ".join(
@@ -1088,7 +1162,10 @@ def test_compiled_training_follows_eager(record, amp_device):
         # Which way it went, for the ledger: a count of steps, not a distance.
         record.key_metric(**{f"steps_outside_spread/{backend}": len(outside[backend])})
     failed = {b: bool(outside.get(b, True)) for b in backends}
-    verdict = _verdict(failed) if decidable or errors else "inconclusive"
+    verdict = _verdict(record, failed, errors)
+    if not decidable and any(not errors.get(b) for b in backends):  # some arm compiled
+        verdict = "inconclusive"
+    _uncompiled(record, {b: errors.get(b, "") for b in backends})
     record.verdict(
         "CMP-LOSS-CURVE",
         verdict,

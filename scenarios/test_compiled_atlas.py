@@ -52,6 +52,15 @@ FIXED_IN_A_RELEASE = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _fresh_inductor_cache():
+    """A cache of the test's own: no graph another test or session compiled under another
+    autocast dtype is served to it (AOTAutograd's cache keyed no autocast dtype before 2.13),
+    so that no verdict depends on test order or on the disk."""
+    with torch_compile.fresh_cache_dir():
+        yield
+
+
 def _short(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

@@ -40,6 +40,7 @@ from harness.lab.fp8 import (
     cast,
     column_major,
     current_scaling,
+    lacking,
     nearest_even,
     patterns,
     quantised,
@@ -50,6 +51,9 @@ from harness.lab.fp8 import (
     to_float8_linears,
 )
 from harness.lab.train import evaluate, train
+
+if lacking():  # a build without float8 dtypes: every test here skips, at collection, saying so
+    pytest.skip(lacking(), allow_module_level=True)
 
 F32, F64 = torch.float32, torch.float64
 CPU_ONLY_CONTRACT = (

@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.catalogue import known_bugs
+from harness.catalogue import known_bugs, verdicts
 from harness.catalogue.files import CatalogueError, check_id, quoted, tables
 from harness.common.errors import HarnessError, closest
 
@@ -236,10 +236,12 @@ def unknown_ids(ids) -> list[tuple[str, str]]:
 
 
 def check_verdict(verdict: str) -> str:
-    if verdict not in VERDICTS:
+    """A verdict a test may record (harness.catalogue.verdicts.RECORDABLE: a claim's expected
+    verdicts and `cannot compile`, where no compiled arm of a compiled claim compiled)."""
+    if verdict not in verdicts.RECORDABLE:
         raise HarnessError(
-            f"unknown verdict {verdict!r}: use one of {', '.join(VERDICTS)} "
-            f"(closest: {closest(verdict, VERDICTS)})"
+            f"unknown verdict {verdict!r}: use one of {', '.join(verdicts.RECORDABLE)} "
+            f"(closest: {closest(verdict, verdicts.RECORDABLE)})"
         )
     return verdict
 

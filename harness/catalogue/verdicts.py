@@ -9,13 +9,19 @@ with it and voids it:
 - the test failed, errored or was interrupted: `failed (was: partly)` where it had recorded
   `partly` before failing, `failed (no verdict)` where it had recorded nothing.
 
+A compiled claim's test whose every compiled arm failed to compile records `cannot compile`: an
+outcome of its own, about the compiler and not the claim, shown apart (a kind of its own, never
+standing as a verdict); an arm that cannot compile beside arms that did is left out of their
+verdict and named in the evidence (`over_arms`).
+
 One claim, several tests (the rule, in order):
 1. A failure is never hidden: any test failed -> `failed (1 of 3 tests)`; else any capability
    regression -> `capability regression (1 of 3 tests)`. With one test, its own status:
    `failed (was: partly)`.
 2. Decided beats skipped: the verdicts that stand, if they all agree -> that verdict.
 3. Disagreement is shown: verdicts that stand but differ -> `mixed (partly, refuted)`.
-4. Only skips -> `skipped`. No test at all -> no verdict.
+4. Else any `cannot compile` -> `cannot compile`; only skips -> `skipped`. No test at all -> no
+   verdict.
 """
 
 from __future__ import annotations
@@ -25,9 +31,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 DECIDED = ("confirmed", "refuted", "partly", "inconclusive")
+CANNOT_COMPILE = "cannot compile"  # recorded where no compiled arm compiled: not a verdict
 CAPABILITY_REGRESSION = "capability-regression"  # a record's outcome, beside pytest's
 # Each kind of status, in the order rule 1 ranks them.
 FAILED, REGRESSION, DECIDED_KIND, SKIPPED = "failed", "capability regression", "decided", "skipped"
+UNCOMPILED = CANNOT_COMPILE  # the kind of a `cannot compile` status: its label, shown apart
+RECORDABLE = (*DECIDED, SKIPPED, CANNOT_COMPILE)  # what a test may record for a claim
+# Every outcome a record may end with: pytest's, and the harness's own (in the order
+# `amp-harness sessions` counts them).
+OUTCOMES = ("passed", "failed", "error", CAPABILITY_REGRESSION, "interrupted", SKIPPED)
+# Every word a test may record on a claim: a decision, a skip, or that nothing compiled.
+RECORDABLE = (*DECIDED, SKIPPED, CANNOT_COMPILE)
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,8 @@ def status(
     """How the verdict `recorded` (None: none) of a test that ended `outcome` counts."""
     if outcome == "passed" and recorded in DECIDED:
         return Status(DECIDED_KIND, recorded, recorded, evidence, test)
+    if outcome == "passed" and recorded == CANNOT_COMPILE:
+        return Status(UNCOMPILED, CANNOT_COMPILE, recorded, evidence, test)
     if outcome == "skipped" or (outcome == "passed" and recorded == "skipped"):
         return Status(SKIPPED, "skipped", recorded, evidence or message, test)
     if outcome == CAPABILITY_REGRESSION:
@@ -66,6 +82,16 @@ def status(
         f"test {outcome}: {message}; recorded before that: {evidence}",
         test,
     )
+
+
+def labels() -> dict[str, bool]:
+    """Every label `status` gives, and whether it stands: the closed vocabulary of a summary's
+    verdicts (harness.reports.baseline_format checks a baseline file against it). Made by
+    `status` itself, from every verdict a test may record and every outcome, so that a new
+    outcome or verdict word is in it once `status` knows it."""
+    recorded = (*RECORDABLE, None)
+    found = (status(verdict, "", outcome) for verdict in recorded for outcome in OUTCOMES)
+    return {s.label: s.stands for s in found}
 
 
 def recorded_in(label: str) -> str:
@@ -85,6 +111,8 @@ def from_label(label: str, stands: bool, evidence: str, test: str = "") -> Statu
         kind = DECIDED_KIND
     elif label.startswith(("failed", "interrupted")):
         kind = FAILED
+    elif label == CANNOT_COMPILE:
+        kind = UNCOMPILED
     else:
         kind = REGRESSION if label == REGRESSION else SKIPPED
     return Status(kind, label, label if stands else None, evidence, test)
@@ -149,7 +177,20 @@ def aggregate(statuses: Iterable[Status]) -> ClaimVerdict | None:
         return ClaimVerdict(standing[0], DECIDED_KIND, statuses)
     if standing:  # rule 3
         return ClaimVerdict(f"mixed ({', '.join(standing)})", DECIDED_KIND, statuses)
-    return ClaimVerdict(SKIPPED, SKIPPED, statuses)  # rule 4
+    if any(s.kind == UNCOMPILED for s in statuses):  # rule 4
+        return ClaimVerdict(CANNOT_COMPILE, UNCOMPILED, statuses)
+    return ClaimVerdict(SKIPPED, SKIPPED, statuses)
+
+
+def over_arms(failed: dict[str, bool | None]) -> str:
+    """A compiled claim's verdict from its arms (backends): per arm whether the claim failed
+    there, None where the arm could not compile. Over the arms that compiled: failed in none,
+    confirmed; in all, refuted; else partly. No arm compiled: `cannot compile`."""
+    compiled = [bad for bad in failed.values() if bad is not None]
+    if not compiled:
+        return CANNOT_COMPILE
+    bad = sum(compiled)
+    return "confirmed" if bad == 0 else "refuted" if bad == len(compiled) else "partly"
 
 
 def by_claim(records) -> dict[str, ClaimVerdict]:

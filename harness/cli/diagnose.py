@@ -47,7 +47,8 @@ def add(sub) -> None:
     )  # fmt: skip
     diag.add_argument(
         "--horizon", type=int, default=1000, metavar="STEPS",
-        help="how far ahead the growth forecast looks (1000)",
+        help="the training length you plan: an op whose growth over the quick look overflows "
+        "fp16 within it is said, with the step and the fix (status 'overflows fp16 ahead'; 1000)",
     )  # fmt: skip
     diag.add_argument(
         "--step-timeout", type=float, default=300, metavar="S",

@@ -13,7 +13,7 @@ from harness.common.errors import HarnessError
 from harness.records.journal import JOURNAL_NAME
 from harness.records.journal_index import short_id
 from harness.records.options import BASELINES, EXPERIMENT, REPORTS, TRACKING_URI
-from harness.records.tracking import command_line, redact, resolve_uri
+from harness.records.tracking import command_line, redact, resolve_uri, sqlite_path
 from harness.reports import report
 
 
@@ -54,8 +54,11 @@ def _run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     code = pytest.main([*where, f"--amp-reports={session.amp_reports}", *tier, *pytest_args],
                        plugins=[ran])  # fmt: skip
     reports = Path(session.amp_reports)
+    if ran.id is None:  # nothing recorded: say why, and point only at what is there
+        print(f"\nno session recorded: {_why_nothing(code, pytest_args)}")
     print("\n".join(_next_steps(session)))
-    _report_after_run(session)
+    if ran.id is not None:
+        _report_after_run(session)
     if ran.id:  # the last line: what `compare`, `baseline save --session` and `sessions` name
         sid = short_id(ran.id)
         print(f"session {sid}: compare it with another, "
@@ -83,8 +86,26 @@ def _store_of(session: argparse.Namespace) -> str | None:
     )
 
 
+def _why_nothing(code: int, pytest_args: list[str]) -> str:
+    """Why a `run` recorded no session, from pytest's exit status, in words."""
+    import pytest
+
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED:
+        chosen = " ".join(f"-{o} {v!r}" for o, v in _selection(pytest_args).items() if v)
+        return (
+            "no scenario test was selected" + (f" by {chosen}" if chosen else "") + ": "
+            "`amp-harness list` names the claims and the tests that check them"
+        )
+    if code == pytest.ExitCode.USAGE_ERROR:
+        return "pytest stopped on the usage error above, before any test ran"
+    if code == pytest.ExitCode.INTERRUPTED:
+        return "interrupted before a scenario test ran"
+    return f"pytest ended with exit status {int(code)} before a scenario test ran (above)"
+
+
 def _next_steps(session: argparse.Namespace) -> list[str]:
-    """Where to look after `run`, each line naming the folder and store the session used."""
+    """Where to look after `run`, each line naming the folder and store the session used, and
+    only what is there: a journal no session wrote, or a store never made, is not named."""
     reports, uri = Path(session.amp_reports), _store_of(session)
     lines = [
         "",
@@ -94,21 +115,28 @@ def _next_steps(session: argparse.Namespace) -> list[str]:
     ]
     if uri is not None and urlparse(uri).scheme in ("http", "https"):
         lines.append(f"  {redact(uri)}  the tracking server: browse and compare the runs there")
-    elif uri is not None:
+    elif uri is not None and (sqlite_path(uri) is None or sqlite_path(uri).exists()):
         lines.append(
             f"  {command_line('ui', reports=reports, uri=uri)}  browse and compare the runs in "
             "MLflow (http://127.0.0.1:5000)"
         )
-    return [*lines, f"  {reports / JOURNAL_NAME}  every result, as recorded", ""]
+    journal = reports / JOURNAL_NAME
+    if journal.is_file() and journal.stat().st_size:
+        lines.append(f"  {journal}  every result, as recorded")
+    return [*lines, ""]
 
 
 def _selects(pytest_args: list[str]) -> bool:
     """Whether the user chose the tests with -k or -m: then those run, slow or not."""
+    return any(v is not None for v in _selection(pytest_args).values())
+
+
+def _selection(pytest_args: list[str]) -> dict[str, str | None]:
+    """The -k and -m the user gave pytest (None: not given)."""
     options = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     options.add_argument("-k")
     options.add_argument("-m")
-    chosen, _ = options.parse_known_args(pytest_args)
-    return chosen.k is not None or chosen.m is not None
+    return vars(options.parse_known_args(pytest_args)[0])
 
 
 def _named(pytest_args: list[str]) -> bool:

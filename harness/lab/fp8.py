@@ -17,8 +17,21 @@ from functools import partial
 
 import torch
 
-E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+# A build without the float8 dtypes (the supported range starts at torch 2.4, and not every
+# build has them) still imports this module, with None for each: the FP8 scenarios skip with
+# `lacking()` as their reason, and the speed scenarios' fp8 arms are held to the capabilities.
+_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+E4M3, E5M2 = (getattr(torch, name, None) for name in _DTYPES)
 FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
+
+
+def lacking() -> str | None:
+    """Why this torch cannot run FP8 at all, as a skip reason; None where it has both dtypes
+    (read now: torch is asked, not this module's import)."""
+    missing = [name for name in _DTYPES if not hasattr(torch, name)]
+    if not missing:
+        return None
+    return f"needs torch's float8 dtypes: torch {torch.__version__} has no {', '.join(missing)}"
 
 
 def short(dtype: torch.dtype) -> str:

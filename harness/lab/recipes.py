@@ -20,8 +20,9 @@ import contextlib
 import inspect
 import math
 import re
+import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,6 +30,10 @@ import torch
 from harness.common.errors import HarnessError, closest
 from harness.lab.machine.device import DeviceInfo
 from harness.lab.tf32 import restore_tf32, set_tf32, tf32_settings
+
+# What torch.autocast computes in, and the dtypes a model's parameters train in.
+AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
+PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 class RecipeUnsupported(HarnessError):
@@ -56,11 +61,14 @@ class Recipe:
     needs: tuple[str, ...] = ()
     # Applied by `prepare` after the move and cast: a module swap (fp8 linears), a freeze.
     convert: Callable[[torch.nn.Module], torch.nn.Module] | None = None
+    # file:line of the code that built it: what an error found later (convert's result) names.
+    built_at: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "built_at", _builder())
         problem = _recipe_problem(self)
         if problem:
-            raise HarnessError(f"{_builder()}: Recipe({self.name!r}): {problem}")
+            raise HarnessError(f"{self.built_at}: Recipe({self.name!r}): {problem}")
 
     @property
     def reduced_dtype(self) -> torch.dtype | None:
@@ -89,14 +97,21 @@ def _recipe_problem(recipe: Recipe) -> str | None:
         return "name: use letters, digits and - _ . + (it is recorded), e.g. 'bf16-params'"
     if not isinstance(recipe.summary, str) or not recipe.summary.strip():
         return "summary: say in one line what the recipe does to a training step"
-    for name in ("autocast_dtype", "param_dtype"):
-        dtype = getattr(recipe, name)
-        if (dtype is not None or name == "param_dtype") and not (
-            isinstance(dtype, torch.dtype) and dtype.is_floating_point
-        ):
-            return f"{name}={dtype!r}: use a floating torch.dtype, e.g. torch.bfloat16" + (
-                ", or None for no autocast" if name == "autocast_dtype" else ""
-            )
+    if recipe.autocast_dtype is not None and recipe.autocast_dtype not in AUTOCAST_DTYPES:
+        return (
+            f"autocast_dtype={recipe.autocast_dtype!r}: use a floating torch.dtype autocast "
+            f"computes in, {' or '.join(map(str, AUTOCAST_DTYPES))} (it disables itself with a "
+            "warning for another), or None for no autocast"
+        )
+    if recipe.param_dtype not in PARAM_DTYPES:
+        return (
+            f"param_dtype={recipe.param_dtype!r}: use a floating torch.dtype parameters train "
+            f"in, {', '.join(map(str, PARAM_DTYPES))}; for fp8 matmuls keep them float32 and "
+            "swap the layers with convert= (harness.lab.fp8.to_float8_linears)"
+        )
+    if not isinstance(recipe.tf32, bool):
+        # tf32="no" is a non-empty string, true to Python: it turned TF32 on.
+        return f"tf32={recipe.tf32!r}: use True or False"
     if not isinstance(recipe.scaler, bool) and not callable(recipe.scaler):
         return (
             f"scaler={recipe.scaler!r}: use True (torch.amp.GradScaler(device)), False, or a "
@@ -107,17 +122,32 @@ def _recipe_problem(recipe: Recipe) -> str | None:
         # needs=("bf16_autocast") is a string, not a tuple: the commonest slip.
         example = (recipe.needs,) if isinstance(recipe.needs, str) else ("bf16_autocast",)
         return f"needs={recipe.needs!r}: use a tuple of capability names, e.g. needs={example!r}"
-    if recipe.convert is not None and not callable(recipe.convert):
+    if recipe.convert is not None and not _takes_one_argument(recipe.convert):
         return f"convert={recipe.convert!r}: use a function taking the model and returning it"
     return None
+
+
+def _takes_one_argument(fn: object) -> bool:
+    if not callable(fn):
+        return False
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        return False
+    except ValueError:  # a builtin without a signature: judged by its call
+        return True
+    return True
 
 
 def _builder() -> str:
     """file:line of the code that built the recipe (outside this module and the dataclass)."""
     here = Path(__file__).resolve()
-    for frame in inspect.stack()[1:]:
-        if frame.filename != "<string>" and Path(frame.filename).resolve() != here:
-            return f"{frame.filename}:{frame.lineno}"
+    frame = sys._getframe(1)  # the frames alone: inspect.stack() reads every frame's source
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name != "<string>" and Path(name).resolve() != here:
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
     return str(here)
 
 
@@ -226,7 +256,16 @@ class Precision:
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.to(device=self.device.torch_device, dtype=self.recipe.param_dtype)
-        return self.recipe.convert(model) if self.recipe.convert else model
+        if self.recipe.convert is None:
+            return model
+        converted = self.recipe.convert(model)
+        if not isinstance(converted, torch.nn.Module):
+            recipe = self.recipe
+            raise HarnessError(
+                f"{recipe.built_at}: Recipe({recipe.name!r}): convert returned {converted!r}, "
+                "not a module: return the model (a swap made in place returns it too)"
+            )
+        return converted
 
     def cast_input(self, x: torch.Tensor) -> torch.Tensor:
         """Move a batch to the device; floating inputs follow the parameters' dtype (a half or

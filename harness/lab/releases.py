@@ -175,18 +175,64 @@ CHANGES: dict[str, Change] = {
             "CMP-DYNAMIC-SHAPES",
         ),  # fmt: skip
         device=ANY_DEVICE,
-        since=(2, 12),
-        before_seen=("2.9.1", "2.11.0"),
+        since=(2, 13),
+        before_seen=("2.5.1", "2.6.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1"),
         before=(
-            "inductor's AOTAutograd cache keys a graph holding an autocast region of its own by "
-            "whether autocast is on, not by its dtype: the graph compiled first under bfloat16 "
-            "is served to a later compile under float16, or the other way round"
+            "inductor's AOTAutograd cache, where it is on, keys a graph by whether autocast is "
+            "on, not by its dtype: the graph compiled first under bfloat16 is served to a later "
+            "compile under float16, or the other way round"
         ),
         current="the cache keys the autocast dtype: each dtype gets its own graph",
         how=(
-            "2.9.1 and 2.11.0 serve the other dtype's graph, in a process or across processes "
-            "sharing the cache; 2.12.1 and later do not (pytorch/pytorch#181564). 2.6.0 has "
-            "the cache off by default, so it is outside the range measured"
+            "scenarios/test_compiled_parity.py's Linear, compiled by inductor into one fresh "
+            "cache under bfloat16, bfloat16, float16 (the second compile a cache hit): 2.9.1 "
+            "serves the float16 compile bfloat16's graph; so do 2.5.1 and 2.6.0 with "
+            "torch._functorch.config.enable_autograd_cache turned on (off by default there, "
+            "absent on 2.4.1); 2.13.0 and 2.14.1 miss and compile float16. 2.10.0, 2.11.0 and "
+            "2.12.1 serve it (the known-bug ledger's reproduction, the same Linear): the key "
+            "gained the dtype in pytorch/pytorch#181564, shipped in 2.13"
+        ),
+    ),
+    # What a compile as released meets: the key above matters only where the cache is on.
+    "aot-autograd-cache-on-by-default": Change(
+        claims=("CMP-DTYPE-SWITCH",),
+        device=ANY_DEVICE,
+        since=(2, 7),
+        before_seen=("2.4.1", "2.5.1", "2.6.0"),
+        before=(
+            "AOTAutograd's cache of compiled graphs is off by default (2.4.1 has none): a "
+            "compile as released never meets the cache or its key"
+        ),
+        current="the cache is on by default: a compile as released is served from it",
+        how=(
+            "torch._functorch.config.enable_autograd_cache read on each release installed: "
+            "absent on 2.4.1, False on 2.5.1 and 2.6.0, True on 2.9.1, 2.10.0 and later "
+            "(pytorch/pytorch#141981 turned it on after 2.6's branch cut: 2.7 is taken as the "
+            "first release with it, 2.7 and 2.8 not measured)"
+        ),
+    ),
+    "inductor-cpu-emulates-precision-casts": Change(
+        claims=("CMP-ROUNDING-PARITY", "CMP-OVERFLOW-PARITY"),
+        device="cpu",
+        since=(2, 13),
+        before_seen=("2.5.1", "2.6.0", "2.9.1"),
+        before=(
+            "torch._inductor.config.emulate_precision_casts does not restore eager's rounding "
+            "in inductor's CPU code: no effect on 2.5.1 and 2.6.0; on 2.9.1 none on a round "
+            "trip through bfloat16, and an InductorError (CppVecOverrides.to_dtype() got an "
+            "unexpected keyword argument 'use_compute_types') compiling a float16 product's cast"
+        ),
+        current=(
+            "emulate_precision_casts restores eager's rounding of each cast to a low dtype, "
+            "and with it a float16 overflow's inf"
+        ),
+        how=(
+            "scenarios/test_compiled_parity.py's cases (x.to(bfloat16).to(float32), a float32 "
+            "tensor added to a cast to bfloat16, a float16 product past 65504 cast up) under "
+            "inductor with the mode on: unchanged on 2.5.1 and 2.6.0, unchanged (bfloat16) or "
+            "raising (float16) on 2.9.1, as eager on 2.13.0 and 2.14.1 (the mode: "
+            "pytorch/pytorch#131595; absent on 2.4.1). 2.10 to 2.12 not measured: 2.13 is the "
+            "first release taken as fixed"
         ),
     ),
     "inductor-checks-mixed-bmm": Change(

@@ -152,8 +152,40 @@ def _optimizers(
                 f"{made!r}: return a torch.optim optimizer or a list of them, e.g. "
                 "lambda model, lr: torch.optim.SGD(model.parameters(), lr=lr)"
             )
+        problem = _ownership_problem(optimizers, model)
+        if problem:
+            raise HarnessError(
+                f"train(optimizer={getattr(choice, '__name__', choice)!r}): {problem}: build the "
+                "optimizers from the model the factory is given, e.g. lambda model, lr: "
+                "torch.optim.SGD(model.parameters(), lr=lr); freeze what stays fixed with "
+                "requires_grad_(False)"
+            )
         return optimizers
     return (named_optimizer(choice, model, lr, adam_eps),)
+
+
+def _ownership_problem(
+    optimizers: tuple[torch.optim.Optimizer, ...], model: torch.nn.Module
+) -> str | None:
+    """What keeps the optimizers from stepping exactly the model's trainable parameters; None
+    where nothing does. A factory that closed over another model steps tensors that are not
+    trained: the model would train not at all, every step recorded as if it had."""
+    held = {id(p) for opt in optimizers for group in opt.param_groups for p in group["params"]}
+    own = {id(p) for p in model.parameters()}
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    foreign = len(held - own)
+    untrained = [name for name, p in model.named_parameters() if p.requires_grad
+                 and id(p) not in held]  # fmt: skip
+    if not foreign and not untrained:
+        return None
+    said = f"{foreign} of the parameters its optimizers hold are not the model's" if foreign else ""
+    if untrained:
+        shown = ", ".join(untrained[:3]) + (", ..." if len(untrained) > 3 else "")
+        said += ("; " if said else "") + (
+            f"{len(untrained)} of the model's {len(trainable)} trainable parameters are in no "
+            f"optimizer ({shown})"
+        )
+    return said
 
 
 def named_optimizer(

@@ -18,7 +18,7 @@ from harness.catalogue.claims import catalogue
 from harness.common.errors import HarnessError
 from harness.lab import devices, hardware
 from harness.plugin.session import AmpSession
-from harness.records import stopsignals
+from harness.records import stopsignals, torch_state
 from harness.records.options import REPORTS
 
 
@@ -36,6 +36,7 @@ def set_up(config: pytest.Config) -> AmpSession:
             devices.resolve(config.getoption("amp_device")),
             config.rootpath
             / (config.getini("amp_capabilities") or Path(scenarios, devices.TEAM_CAPABILITIES)),
+            guard=torch_state.kept,  # a team's probe: held as a test is, before any test
         )
         catalogue()  # a malformed catalogue stops the session here, with its file and field
     except HarnessError as exc:

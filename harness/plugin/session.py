@@ -21,7 +21,7 @@ from harness.records import environments, fingerprint, journal_index, stopsignal
 from harness.records.journal import JOURNAL_NAME, Journal
 from harness.records.journal_index import EXPERIMENTAL, MARK
 from harness.records.record import Record
-from harness.records.tracking import MlflowSink, Running, redact, resolve_uri
+from harness.records.tracking import Running, Writer, redact, resolve_uri
 from harness.reports import baseline
 
 # The selection `amp-harness run` makes unless --all, -k or -m: every scenario test but the slow.
@@ -40,7 +40,7 @@ class AmpSession:
     scenarios: Path
     records: list[Record] = field(default_factory=list)
     journal: Journal | None = None
-    sink: MlflowSink | None = None
+    sink: Writer | None = None  # MLflow, in a thread of its own: off the tests' path
     running: Running | None = None  # held while it runs: `amp-harness sync` leaves it alone
     entry: dict | None = None  # the journal's session entry, once tracking is open
     saved_threads: int | None = None
@@ -73,9 +73,9 @@ class AmpSession:
             self.journal.keep(self.entry)
             if not self.config.getoption("no_mlflow"):
                 uri = resolve_uri(self.config.getoption("tracking_uri"), self.reports)
-                self.sink = MlflowSink(uri, self.config.getoption("amp_experiment"), self.reports)
-                if xdist.get("amp_parent_run"):
-                    self.sink.adopt_parent(self.entry, xdist["amp_parent_run"])
+                self.sink = Writer(uri, self.config.getoption("amp_experiment"), self.reports,
+                                   parent_run=xdist.get("amp_parent_run"))  # fmt: skip
+                self.sink.start_session(self.entry)
             return
         facts = fingerprint.collect(
             self.device, self.config.rootpath, (self.scenarios, claims.project_path())
@@ -103,8 +103,8 @@ class AmpSession:
         self.config.add_cleanup(self.running.close)  # also when the session stops on an error
         self.journal.keep(self.entry)
         self.journal.append(self.entry)
-        if uri:
-            self.sink = MlflowSink(uri, self.config.getoption("amp_experiment"), self.reports)
+        if uri:  # `import mlflow` and the store's opening: in the writer's thread
+            self.sink = Writer(uri, self.config.getoption("amp_experiment"), self.reports)
             self.sink.start_session(self.entry)
 
     def left_out(self, recorded: set[str]) -> list[str]:
@@ -221,17 +221,24 @@ class AmpSession:
         records = self.session_records()  # a pytest-xdist controller reads them from the journal
         end = {"type": "session_end", "session_id": self.entry["session_id"]}
         end["left_out"] = self.left_out({r.test for r in records})
+        counts: dict[str, int] = {}
+        for r in records:
+            counts[r.outcome] = counts.get(r.outcome, 0) + 1
         # Before the session's end is recorded: a regression that fails the session is its status.
-        self.compare_with_baseline(end)
+        try:
+            self.compare_with_baseline(end)
+        except BaseException:  # a comparison that breaks costs the journal nothing: the end first
+            self._keep_end(end, session, counts)
+            raise
         if (
             self.gate is not None
             and self.gate.fails()
             and session.exitstatus == pytest.ExitCode.OK  # a worse status (interrupted, ...) stays
         ):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        counts: dict[str, int] = {}
-        for r in records:
-            counts[r.outcome] = counts.get(r.outcome, 0) + 1
+        self._keep_end(end, session, counts)
+
+    def _keep_end(self, end: dict, session: pytest.Session, counts: dict[str, int]) -> None:
         end.update(ended=time.time(), exitstatus=int(session.exitstatus), counts=counts)
         self.end = end  # for the session's last lines (harness.plugin.summary)
         try:

@@ -129,5 +129,7 @@ def keep_worker_records(config: pytest.Config, state: AmpSession) -> None:
     except HarnessError as exc:
         said.append(str(exc))
     config.workeroutput["amp_journal_rewritten"] = state.journal.rewritten + said
+    if state.sink:  # its results in MLflow before the worker ends (the controller ends the run)
+        state.sink.close()
     # The controller collects nothing: the slow tests its workers left out, for its left_out.
     config.workeroutput["amp_slow_deselected"] = state.slow_deselected

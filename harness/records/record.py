@@ -18,7 +18,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.catalogue import known_bugs
+from harness.catalogue import known_bugs, verdicts
 from harness.catalogue.claims import check_verdict, ledger
 from harness.common import shown
 from harness.common.errors import HarnessError
@@ -145,6 +145,13 @@ class Record:
                 f"after an injected inf', which reads 'scale 65536 -> 32768 ...')"
             )
         self.verdicts[claim] = Verdict(claim, verdict, evidence)
+
+    @staticmethod
+    def over_arms(failed: dict[str, bool | None]) -> str:
+        """A compiled claim's verdict from its arms (backends), None for an arm that could not
+        compile: harness.catalogue.verdicts.over_arms, reached through the record as scenarios
+        reach the catalogue (they import the lab and nothing else of the harness)."""
+        return verdicts.over_arms(failed)
 
     def known_bug(
         self, bug: str, present: bool | None, control_clean: bool, evidence: str, version: str = ""

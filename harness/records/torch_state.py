@@ -15,6 +15,7 @@ fp32_precision every backend's), so the general comes first and the specific are
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import warnings
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.common.errors import HarnessError
 from harness.lab import tf32
 from harness.lab.autocast import torch_compile
 
@@ -187,6 +189,29 @@ def restore(before: dict[str, object]) -> list[str]:
             continue  # said below: it still differs
     now = snapshot()
     return [name for name in before if before[name] != now[name]]
+
+
+@contextlib.contextmanager
+def kept(what: str):
+    """The guard a team's code runs in outside a test (a capability's probe, before any test):
+    what the block leaves changed is put back, and a HarnessError names `what`, each switch
+    (before -> after) and the fix, as a test that leaves it changed fails. Where the block
+    raised, its state is put back and its exception goes on."""
+    before = snapshot()
+    try:
+        yield
+    except BaseException:
+        restore(before)
+        raise
+    changed = changes(before, snapshot())
+    if changed:
+        stuck = restore(before)
+        raise HarnessError(
+            f"{what} left torch's global state changed: {'; '.join(changed)}"
+            + (f" (not put back: {', '.join(stuck)})" if stuck else " (put back)")
+            + ". Fix: change it inside a with-block (torch.autocast(...), torch.no_grad(), ...) "
+            "or restore it in a try/finally"
+        )
 
 
 def as_params(state: dict[str, object]) -> dict[str, str]:

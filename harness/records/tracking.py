@@ -6,8 +6,9 @@ for, the bounded client, Unavailable and `reason`, MLflow's sender held to the b
 (the file locks: a new store's opening, `sync`, a session that still runs), `naming` (a run's
 name, description and tags, the points of a long history MLflow gets), `sink` (MlflowSink: a
 session logged live), `replay` (`sync`: the journal replayed into MLflow), `runs` (the runs
-MLflow holds, read back: searched, a session's main parent, copies deleted) and `sqlite_store`
-(the embedded store's writability, fsync and moved artifact paths). This module re-exports
+MLflow holds, read back: searched, a session's main parent, copies deleted), `sqlite_store`
+(the embedded store's writability, fsync and moved artifact paths) and `writer` (Writer: a
+session's sink in a thread of its own, off the tests' path). This module re-exports
 what the rest of the harness and its tests import from it, so that `from harness.records.tracking
 import ...` holds as it did. A test that replaces one of these names must replace it in the
 module that holds it (`bounds.client`, `uris.views`): replacing it here replaces nothing the sink
@@ -63,6 +64,7 @@ from harness.records.mlflow.uris import (
     ui_url,
     views,
 )
+from harness.records.mlflow.writer import Writer
 
 __all__ = [
     "ARTIFACTS_NAME",
@@ -88,6 +90,7 @@ __all__ = [
     "MlflowSink",
     "Running",
     "Unavailable",
+    "Writer",
     "_bounded_by",
     "_bounded_requests",
     "_condition",

@@ -5,8 +5,9 @@
   `ledger_sessions` (when a session is complete or experimental), `ledger_columns` (the columns
   and cells) and `ledger_history` (each class's history); `report` (+ `templates/`): its
   rendering, the HTML and Markdown report and the figures;
-- `baseline`: the baseline file, its one owner (written, read and checked against its format),
-  and the run a command line names;
+- `baseline`: the baseline file, its one owner (written, read and checked against its format,
+  `baseline_format`: its one schema, each field typed, the verdict words closed), and the run a
+  command line names;
 - `compare` (two runs matched), `comparison` (what it comes to), `attribution` (why each change
   may have happened), `significance` (Welch's t-test on a metric's repetitions),
   `comparison_view` (on the terminal); `differences`, `changes`: sessions and releases side by

@@ -16,11 +16,13 @@ part of the team's record: `baseline save` refuses it, naming it and how to unma
 after it passed over and said (`passed_over`).
 
 The file's one owner: this module writes it (`summarize` makes its fields, `save` the file,
-`filename` its name) and reads it back (`read_baseline`, checked field by field against FORMAT:
-a bad file is an error naming the file, the field and the fix; `MissingBaseline` where there is
-none; `auto_path` an environment's own, `parse_filename` what a file's name says). `load` is the
-run a command line names, a file or a session summarized. Comparing two of them is
-harness.reports.compare's job; choosing one to gate against, harness.reports.nearest's.
+`filename` its name) and reads it back (`read_baseline`); both hold it to the one schema of
+harness.reports.baseline_format (each field typed, the verdict words closed): a bad file is a
+usage error naming the file, the field and the fix, before anything is compared or recorded;
+`MissingBaseline` where there is none; `auto_path` an environment's own, `parse_filename` what
+a file's name says). `load` is the run a command line names, a file or a session summarized.
+Comparing two of them is harness.reports.compare's job; choosing one to gate against,
+harness.reports.nearest's.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from harness.records import environments, journal_index, shapes
 from harness.records.journal import Journal, Session
 from harness.records.journal_index import Indexed, short_id
 from harness.records.record import DEPENDS_ON_HARDWARE, SCENARIO_DIGEST
+from harness.reports import baseline_format
 
 LISTED_IN_ERRORS = 5  # sessions named by the error for an id that names none
-FORMAT = 2  # 2: verdicts carry their test's outcome (`stands`); sessions say what they lack
+FORMAT = baseline_format.FORMAT
 # The names `filename` gives: `<class>_torch-<version>[_cuda-<version>].json`.
 _NAME = re.compile(r"(?P<cls>[^_]+)_torch-(?P<torch>[^_]+?)(?:_cuda-(?P<cuda>[^_]+))?\.json")
 
@@ -90,7 +93,14 @@ def experimental_words(reason: str) -> str:
 
 
 def nothing_recorded(where: Path) -> HarnessError:
-    return HarnessError(f"{where}: no session recorded yet: run `amp-harness run` first")
+    """No session in the journal `where`, in words that name only what is there: no journal at
+    all (is --reports the folder the sessions record in?), or one no session has written to."""
+    if not where.is_file():
+        return HarnessError(
+            f"{where}: no journal was written here: no session has recorded in {where.parent} "
+            "(a session records once a scenario test runs; --reports names the folder it used)"
+        )
+    return HarnessError(f"{where}: no session recorded in this journal yet")
 
 
 def last_of_record(sessions: dict[str, Indexed], where: Path) -> tuple[str, list[str]]:
@@ -264,6 +274,9 @@ def save(summary: dict, folder: Path, partial: bool = False, force: bool = False
             "saved: run the whole suite (`amp-harness run --all`) and save that, or pass --partial "
             "to save this one marked incomplete"
         )
+    problem = baseline_format.problem(summary)
+    if problem:  # what would not read back: the harness's own mistake, said before writing
+        raise HarnessError(f"{what}: its summary is no valid baseline ({problem}); nothing written")
     path = Path(folder) / filename(summary["fingerprint"])
     if path.exists() and not force:
         raise HarnessError(f"{path} exists ({_describe(path)}): pass --force to replace it")
@@ -312,42 +325,10 @@ def read_baseline(path: Path) -> dict:
         raise HarnessError(
             f"{path}: nested too deeply to be a baseline (a baseline is 4 levels deep); {fix}"
         ) from None
-    problem = _problem(summary)
+    problem = baseline_format.problem(summary)
     if problem:
         raise HarnessError(f"{path}: {problem}; {fix}")
     return summary
-
-
-def _problem(summary) -> str | None:
-    if not isinstance(summary, dict):
-        return "expected a JSON object (a baseline summary)"
-    if summary.get("format") != FORMAT:
-        return (
-            f'field "format" is {summary.get("format")!r}; this harness reads {FORMAT} '
-            "(format 1 files predate verdicts that carry their test's outcome)"
-        )
-    if not isinstance(summary.get("verdicts"), list):
-        return 'field "verdicts" is missing or not a list'
-    for i, verdict in enumerate(summary["verdicts"]):
-        for name in ("claim", "verdict", "evidence", "test"):
-            if not isinstance(verdict, dict) or not isinstance(verdict.get(name), str):
-                return f'verdicts[{i}]: field "{name}" is missing or not text'
-        if not isinstance(verdict.get("stands"), bool):
-            return f'verdicts[{i}]: field "stands" is missing or not true/false'
-    if not isinstance(summary.get("fingerprint", {}), dict):
-        return 'field "fingerprint" is not an object'
-    if not isinstance(summary.get("lacks", []), list):
-        return 'field "lacks" is not a list'
-    if not isinstance(summary.get("tests"), dict):
-        return 'field "tests" is missing or not an object'
-    for test, entry in summary["tests"].items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("metrics"), dict):
-            return f'tests["{test}"]: field "metrics" is missing or not an object'
-        for key, value in entry["metrics"].items():
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not number and value not in shapes.NON_FINITE:
-                return f'tests["{test}"].metrics["{key}"]: {value!r} is not a number'
-    return None
 
 
 # --- a run named on the command line ----------------------------------------------------------

@@ -39,6 +39,7 @@ from harness.reports.kinds import Attribution
 ALPHA = 0.05
 THRESHOLD = 0.10  # relative: 10% of the first run's mean
 SKIPPED = "skipped"  # a verdict's label, and a test's outcome, where it could not run
+CANNOT_COMPILE = verdicts.CANNOT_COMPILE  # a label apart: no compiled arm compiled
 
 
 def compare(
@@ -171,7 +172,8 @@ def _sorted_out(
         return run["tests"].get(test, {}).get("outcome", "")
 
     def verdict(v: VerdictChange) -> VerdictChange:
-        held = v.stands[1] or v.after == SKIPPED
+        # A test that could not compile held its prediction as a skip does: it passed.
+        held = v.stands[1] or v.after in (SKIPPED, CANNOT_COMPILE)
         gained = v.stands[1] and not v.stands[0]
         skipped = v.stands[0] and v.after == SKIPPED
         sorted_out = sorter.sort(

@@ -104,7 +104,7 @@ def log(diagnosis: Diagnosis, uri: str, saved: Path, reports: Path) -> str:
 def render(diagnosis: Diagnosis, width: int, color: bool) -> str:
     """One line per recipe (its status, its loss against fp32's), its reasons wrapped beneath:
     readable at 80 columns and in a CI log."""
-    from harness.lab.diagnose import NOT_RUN, REFERENCE, SAFE
+    from harness.lab.diagnose import NOT_RUN, OVERFLOWS_WITHIN_NOISE, REFERENCE, SAFE
 
     console = Console(file=io.StringIO(), width=width, force_terminal=color, no_color=not color)
     console.print(
@@ -117,7 +117,8 @@ def render(diagnosis: Diagnosis, width: int, color: bool) -> str:
     compiled = {row["recipe"]: row for row in (diagnosis.compiled or {}).get("rows", [])}
     backend = (diagnosis.compiled or {}).get("backend", "")
     for run in diagnosis.runs.values():
-        style = "green" if run.status == SAFE else "yellow" if run.status == NOT_RUN else "red"
+        quiet = (NOT_RUN, OVERFLOWS_WITHIN_NOISE)  # no alarm: not run, or an option to weigh
+        style = "green" if run.status == SAFE else "yellow" if run.status in quiet else "red"
         line = Text(f"  {run.recipe:<18} ")
         line.append(run.status, style="" if run.recipe == REFERENCE else style)
         if not run.unsupported and run.recipe != REFERENCE:
@@ -126,10 +127,22 @@ def render(diagnosis: Diagnosis, width: int, color: bool) -> str:
         console.print(line, highlight=False)
         _wrapped(console, " | ".join(run.reasons), width, "      ")
         for check in run.fixes:
-            verdict = "held" if check.held else "did not hold"
+            verdict = (
+                "held"
+                if check.held
+                else "did not hold"
+                if check.settled
+                else (
+                    f"not settled in {diagnosis.steps} steps: only AdamW's fp16 second moments are "
+                    "lost, a different optimizer on those entries that longer training found "
+                    "harmless on some models and harmful on others; --verify N --seeds K decides"
+                )
+            )
             against = "" if check.reference == REFERENCE else f", against {check.reference}"
             _wrapped(console, f"fix tried: {check.fix} -> {check.status} ({verdict}{against})",
                      width, "      ")  # fmt: skip
+            for code in check.code:  # the lines a user adds: what the check ran
+                console.print(f"          {visible(code)}", markup=False, highlight=False)
         if run.recipe in compiled:
             _wrapped(console, f"torch.compile ({backend}): {_compiled_words(compiled[run.recipe])}",
                      width, "      ")  # fmt: skip
@@ -162,6 +175,7 @@ def _render_verify(console: Console, verify: dict, width: int) -> None:
     )  # fmt: skip
     for row in verify["rows"]:
         held = "" if row["held"] is None else _held_word(row["predicted"], row["held"])
+        held += f"; {row['lead']}" if row.get("lead") else ""  # kept before issue 54: none
         _wrapped(console, f"{row['recipe']}: said {row['predicted']}, {row['truth']} "
                  f"({row['why']}){held}", width, "  ")  # fmt: skip
     if verify["noise_note"]:
@@ -169,6 +183,8 @@ def _render_verify(console: Console, verify: dict, width: int) -> None:
     for fix in verify["fixes"]:
         word = "the fix held" if fix["held"] else "THE FIX DID NOT HOLD"
         _wrapped(console, f"fix {fix['fix']}: {fix['truth']} ({fix['why']}): {word}", width, "  ")
+    for forecast in verify.get("forecasts", []):  # diagnoses kept before the forecast have none
+        _wrapped(console, f"forecast: {forecast['words']}", width, "  ")
 
 
 def _held_word(predicted: str, held: bool) -> str:

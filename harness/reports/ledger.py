@@ -29,6 +29,7 @@ COLOURS = {
     "partly": "#ef8f00",
     "inconclusive": "#7b1fa2",
     "skipped": "#9e9e9e",
+    verdicts.CANNOT_COMPILE: "#0277bd",  # about the compiler, not the claim: apart from both
     "failed": "#37474f",
     "capability-regression": "#b71c1c",
 }

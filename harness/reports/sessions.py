@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness.catalogue import verdicts
 from harness.common import shown
 from harness.common.errors import HarnessError
 from harness.records import environments, journal_index, tracking
@@ -30,8 +31,9 @@ from harness.reports import baseline, table
 WHOLE = "whole suite"
 PARTIAL = "partial"
 UNFINISHED = "unfinished"
-# Outcomes in the order a reader looks for them; any other (a newer version's) after them.
-OUTCOMES = ("passed", "failed", "error", "capability-regression", "interrupted", "skipped")
+# Outcomes in the order a reader looks for them (verdicts.OUTCOMES); any other (a newer
+# version's) after them.
+OUTCOMES = verdicts.OUTCOMES
 
 
 @dataclass(frozen=True)

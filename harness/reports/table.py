@@ -37,6 +37,7 @@ VERDICT_STYLE = {
     "partly": "yellow",
     "inconclusive": "magenta",
     "skipped": "dim",
+    verdicts.CANNOT_COMPILE: "cyan",  # about the compiler, not the claim
 }
 KIND_STYLE = {verdicts.FAILED: "bold red", verdicts.REGRESSION: "bold red reverse"}
 # Above what any scenario writes (the longest, test_convergence's seeds and intervals, is 1,784
@@ -280,7 +281,7 @@ def _kind(verdict: verdicts.ClaimVerdict) -> str:
 
 
 def _count_order(item: tuple[str, int]) -> tuple[int, str]:
-    order = [*VERDICTS, "mixed", verdicts.FAILED, verdicts.REGRESSION]
+    order = [*VERDICTS, verdicts.UNCOMPILED, "mixed", verdicts.FAILED, verdicts.REGRESSION]
     return (order.index(item[0]) if item[0] in order else len(order), item[0])
 
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from harness import cli
 from harness.catalogue import verdicts
 from harness.records.journal import Journal
-from harness.reports import baseline
+from harness.records.record import Record
+from harness.reports import baseline, table
 
 
 def status(recorded, outcome, message=""):
@@ -30,6 +32,7 @@ def status(recorded, outcome, message=""):
         ("skipped", "skipped", "skipped", False),
         ("skipped", "passed", "skipped", False),  # a claim the passing test could not decide
         (None, verdicts.CAPABILITY_REGRESSION, "capability regression", False),
+        (verdicts.CANNOT_COMPILE, "passed", "cannot compile", False),  # apart, never a verdict
     ],
 )
 def test_a_verdict_stands_only_when_its_test_passed(recorded, outcome, label, stands):
@@ -55,6 +58,9 @@ def test_a_verdict_stands_only_when_its_test_passed(recorded, outcome, label, st
         ([(None, verdicts.CAPABILITY_REGRESSION), (None, "failed")], "failed (1 of 2 tests)"),
         ([("partly", "failed")], "failed (was: partly)"),  # one test: its own status
         ([("skipped", "skipped"), ("skipped", "skipped")], "skipped"),
+        ([(verdicts.CANNOT_COMPILE, "passed"), ("refuted", "passed")], "refuted"),
+        ([(verdicts.CANNOT_COMPILE, "passed"), ("skipped", "skipped")], "cannot compile"),
+        ([(verdicts.CANNOT_COMPILE, "failed")], "failed (was: cannot compile)"),
     ],
 )
 def test_one_claim_across_tests_follows_the_written_rule(statuses, label):
@@ -62,6 +68,24 @@ def test_one_claim_across_tests_follows_the_written_rule(statuses, label):
     assert found.label == label
     assert found.stands == (label in verdicts.DECIDED or label.startswith("mixed"))
     assert verdicts.aggregate([]) is None
+
+
+@pytest.mark.parametrize(
+    ("failed", "verdict"),
+    [
+        ({"aot_eager": False, "inductor": None}, "confirmed"),  # the arm that compiled decides
+        ({"aot_eager": True, "inductor": None}, "refuted"),
+        ({"aot_eager": False, "inductor": True}, "partly"),
+        ({"aot_eager": None, "inductor": None}, verdicts.CANNOT_COMPILE),
+    ],
+)
+def test_an_arm_that_cannot_compile_never_decides_a_verdict(failed, verdict):
+    assert verdicts.over_arms(failed) == verdict
+
+
+def test_cannot_compile_is_kept_apart_through_a_summary():
+    found = verdicts.from_label(verdicts.CANNOT_COMPILE, False, "AssertionError", "t.py::t")
+    assert (found.kind, found.stands) == (verdicts.UNCOMPILED, False)
 
 
 # --- through a real session -------------------------------------------------------------------
@@ -156,3 +180,16 @@ def test_a_failed_tests_verdict_never_enters_a_baseline_as_valid(ran, pytester):
     assert by_test["test_cpu_one"]["stands"] and not by_test["test_gpu_only"]["stands"]
     assert not summary["complete"]
     assert summary["lacks"] == ["1 test(s) failed: test_decided_then_failed"]
+
+
+def test_the_summary_counts_cannot_compile_apart_from_the_verdicts():
+    records = []
+    for claim, recorded in (
+        ("CMP-BLOCK-DTYPES", "confirmed"),
+        ("CMP-LOSS-CURVE", "cannot compile"),
+    ):
+        record = Record(f"scenarios/t.py::{claim}", [claim], "cpu", Path("/nonexistent"))
+        record.verdict(claim, recorded, "aot_eager: 0 mismatches; inductor raised at 1 call")
+        record.outcome = "passed"
+        records.append(record)
+    assert "2 claims: 1 confirmed, 1 cannot compile" in table.counts_line(records)

@@ -338,3 +338,30 @@ def test_a_claim_statement_that_is_not_utf8_is_escaped_by_new(pytester, capsys):
     assert code == 0, capsys.readouterr().err
     text = (pytester.path / "scenarios" / "claims.toml").read_text(encoding="utf-8")
     assert "reads caf\\\\xe9 files" in text and "ticket \\\\xe9 1" in text  # TOML escapes \\
+
+
+@pytest.mark.parametrize(
+    "mlflow",
+    [pytest.param([], marks=pytest.mark.slow), ["--no-mlflow"]],  # MLflow: a store, a report
+    ids=["with-mlflow", "no-mlflow"],
+)
+def test_run_that_selects_no_test_names_only_what_is_there(pytester, capsys, mlflow):
+    """Issue 55, fault 16: `amp-harness run -k no_such_test` pointed at a journal never written
+    and said to "run `amp-harness run` first"; now it says no test was selected, and where to
+    look next names only what exists."""
+    pytester.makepyfile(**{"scenarios/test_run_none": SCENARIO})
+    pytester.makeini("[pytest]\n")  # the rootdir: scenarios/ is in it
+    code = cli.main(["run", "--amp-device=cpu", "-k", "no_such_test", "-p", "no:cacheprovider",
+                     *mlflow])  # fmt: skip
+    assert code == pytest.ExitCode.NO_TESTS_COLLECTED
+    out = capsys.readouterr().out
+    assert (
+        "no session recorded: no scenario test was selected by -k 'no_such_test': "
+        "`amp-harness list` names the claims and the tests that check them"
+    ) in out
+    assert "journal.jsonl" not in out and "amp-harness run` first" not in out
+    assert "amp-harness ui" not in out and "report:" not in out  # no store, no report to write
+    assert not (pytester.path / "reports" / "journal.jsonl").is_file()
+    # The control: once a session recorded, the journal is named.
+    assert cli.main(["run", "--amp-device=cpu", "-p", "no:cacheprovider", *mlflow]) == 0
+    assert "reports/journal.jsonl  every result, as recorded" in capsys.readouterr().out

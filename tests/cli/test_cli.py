@@ -171,7 +171,9 @@ def test_run_list_baseline_and_report(tmp_path, capsys, monkeypatch):
 
 def test_baseline_without_a_session_says_what_to_do(tmp_path, capsys):
     assert cli.main(["baseline", "save", "--reports", str(tmp_path)]) == 2
-    assert "no session recorded yet: run `amp-harness run` first" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'journal.jsonl'}: no journal was written here" in err
+    assert "amp-harness run` first" not in err  # names what is there, never a step to redo
 
 
 def test_a_session_without_verdicts_is_not_saved_as_a_baseline(tmp_path, capsys):
@@ -493,6 +495,11 @@ def test_runs_hints_name_the_folder_and_the_store_the_session_used(tmp_path, mon
         session = cli.run._session_options("reports", list(pytest_args))
         return "\n".join(cli.run._next_steps(session))
 
+    nothing_yet = hints("--amp-reports", str(run_a))  # names only what is there: no journal,
+    assert "journal.jsonl" not in nothing_yet and "amp-harness ui" not in nothing_yet  # no store
+    run_a.mkdir()
+    (run_a / "journal.jsonl").write_text('{"type": "session"}\n')
+    (run_a / "mlflow.db").touch()
     embedded = hints("--amp-reports", str(run_a))
     assert f"`amp-harness list --reports {run_a}`" in embedded
     assert f"`amp-harness ui --reports {run_a}`" in embedded

@@ -12,7 +12,10 @@ sits there, in pytest's prepend import mode). Not test modules themselves:
 - `tracked`: sessions, journals and stores the tracking tests share, and their checks;
 - `xdist_groups`: a pytest plugin: --dist loadgroup keeps each xdist_group on one worker;
 - `zoo`: models nobody here wrote, and engineered failures, for diagnose's truth benchmark;
-- `zoo_truth`: what plain training does under each recipe, the truth diagnose is judged by.
+- `zoo_truth`: what plain training does under each recipe, the truth diagnose is judged by;
+- `zoo_growth`: models whose fp16 hazard grows with training, for diagnose's forecast;
+- `zoo_edges`: models at the edges of what diagnose says (a contrastive loss, a patch RMSNorm);
+- `zoo_half_adamw`: small NeoX, Phi and DeBERTa for a half model's AdamW with eps 1e-4.
 
 The two plugins' own tests sit beside them (test_slow_left_out.py, test_xdist_groups.py).
 """

@@ -43,6 +43,7 @@ from torch import nn
 
 from harness.lab.diagnose import Subject
 from harness.lab.diagnose import examples as diagnose_examples
+from helpers import zoo_edges, zoo_growth
 
 VOCAB, LENGTH, BATCH = 128, 16, 16
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -473,6 +474,17 @@ HAZARDS = (
     "bert_naive_softmax", "qwen_accumulated", "gpt_unscaled_attention", "mlp_activation_penalty",
     "bert_half_adam",
 )  # fmt: skip
+# Hazards that grow with training, for the forecast (tests/helpers/zoo_growth.py), and at the
+# edges of what diagnose says (tests/helpers/zoo_edges.py): their truth needs training that reaches
+# the overflow, longer than the default suite's (scripts/diagnose-truth 300 GROWTH...).
+GROWTH = (
+    "growing_exp_loss", "growing_attention", "growing_norm", "growing_penalty", "flat_exp_loss",
+)  # fmt: skip
+EDGES = ("contrastive_lse", "patch_rmsnorm")
+growing_exp_loss, growing_attention = zoo_growth.growing_exp_loss, zoo_growth.growing_attention
+growing_norm, growing_penalty = zoo_growth.growing_norm, zoo_growth.growing_penalty
+flat_exp_loss = zoo_growth.flat_exp_loss
+contrastive_lse, patch_rmsnorm = zoo_edges.contrastive_lse, zoo_edges.patch_rmsnorm
 # torchvision and timm: `tox -e zoo` (PyPI's torchvision does not import beside the CPU build of
 # torch the default environment installs).
 VISION = ("resnet18", "mobilenet_v3_small", "convnext", "vit")

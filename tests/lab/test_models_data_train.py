@@ -267,3 +267,38 @@ def test_a_bad_optimizer_factory_says_what_to_return(cpu, factory, adam_eps, err
     model = models.build("mlp", 10_000, **task.model_options)
     with recipes.get("fp32").bind(cpu) as precision, pytest.raises(HarnessError, match=error):
         train(model, precision, task, steps=1, lr=1e-3, optimizer=factory, adam_eps=adam_eps)
+
+
+@pytest.mark.parametrize(
+    ("factory", "error"),
+    [
+        (lambda model, lr: torch.optim.SGD(torch.nn.Linear(4, 4).parameters(), lr=lr),
+         r"2 of the parameters its optimizers hold are not the model's; .* trainable parameters "
+         r"are in no optimizer \(.*\): build the optimizers from the model"),
+        (lambda model, lr: torch.optim.SGD(list(model.parameters())[:1], lr=lr),
+         r"^train\(optimizer='<lambda>'\): \d+ of the model's \d+ trainable parameters are in no "
+         r"optimizer .*requires_grad_\(False\)"),
+    ],
+    ids=["another-models-parameters", "part-of-the-model"],
+)  # fmt: skip
+def test_an_optimizer_that_does_not_own_the_models_parameters_is_refused(cpu, factory, error):
+    """Issue 55: an optimizer over another model's parameters trained none of the model's
+    weights, and the scenario recorded `confirmed`. Before the first step: nothing recorded."""
+    task = data.make_task("mlp")
+    model = models.build("mlp", 10_000, **task.model_options)
+    before = [p.detach().clone() for p in model.parameters()]
+    with recipes.get("fp32").bind(cpu) as precision, pytest.raises(HarnessError, match=error):
+        train(model, precision, task, steps=1, lr=1e-3, optimizer=factory)
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+
+
+def test_frozen_parameters_need_no_optimizer(cpu):
+    """The control: parameters frozen with requires_grad_(False) may be left out."""
+    task = data.make_task("mlp")
+    model = models.build("mlp", 10_000, **task.model_options)
+    first, *rest = model.parameters()
+    first.requires_grad_(False)
+    with recipes.get("fp32").bind(cpu) as precision:
+        history = train(model, precision, task, steps=1, lr=1e-3,
+                        optimizer=lambda model, lr: torch.optim.SGD(rest, lr=lr))  # fmt: skip
+    assert len(history.loss) == 1

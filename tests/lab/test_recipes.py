@@ -205,9 +205,17 @@ def test_a_scaler_factory_that_ignores_the_device_is_refused():
         ({"convert": 3}, r"convert=3: use a function"),
         ({"summary": " "}, r"summary: say in one line"),
         ({"name": "my recipe"}, r"name: use letters"),
+        # Issue 55: accepted when built, then TF32 on, or a failure deep in training.
+        ({"tf32": "no"}, r"tf32='no': use True or False"),
+        ({"autocast_dtype": torch.float64},
+         r"autocast_dtype=torch.float64: .*torch.float16 or torch.bfloat16.*or None"),
+        ({"param_dtype": torch.float8_e4m3fn},
+         r"param_dtype=torch.float8_e4m3fn: .*torch.float32, .*convert="),
+        ({"convert": lambda: None}, r"convert=<function .*>: use a function taking the model"),
     ],
-    ids=["needs-a-string", "param-dtype", "autocast-dtype", "scaler", "convert", "summary", "name"],
-)
+    ids=["needs-a-string", "param-dtype", "autocast-dtype", "scaler", "convert", "summary", "name",
+         "tf32-a-string", "autocast-float64", "param-float8", "convert-without-an-argument"],
+)  # fmt: skip
 def test_a_wrong_recipe_field_names_the_file_the_field_and_the_fix(fields, error):
     with pytest.raises(HarnessError, match=rf"test_recipes.py:\d+: Recipe\(.*{error}"):
         recipes.Recipe(**{"name": "mine", "summary": "my recipe", **fields})
@@ -261,3 +269,27 @@ def test_step_refuses_what_is_not_an_optimizer():
     refused = r"'sgd' is not an optimizer or a list of them"
     with recipes.get("fp32").bind(CPU) as precision, pytest.raises(HarnessError, match=refused):
         precision.step("sgd")
+
+
+def test_tf32_false_and_true_alone_set_the_flags():
+    """The control of tf32='no' (which Python reads as true, and turned TF32 on): a bool."""
+    for wanted in (False, True):
+        recipe = recipes.Recipe("mine", "my recipe", tf32=wanted)
+        with recipe.bind(CPU):
+            assert tf32.tf32_flags()["cuda.matmul.allow_tf32"] is wanted
+
+
+def test_a_convert_that_returns_no_module_names_the_recipe_where_it_was_built():
+    """convert=lambda m: None failed deep in training (a NoneType has no .train) naming no recipe
+    or field; the model it returns is checked, and the error names the line that built it."""
+    recipe = recipes.Recipe("mine", "my recipe", convert=lambda model: None)
+    line = recipe.built_at.rsplit(":", 1)[1]
+    with recipe.bind(CPU) as precision, pytest.raises(HarnessError) as error:
+        precision.prepare(torch.nn.Linear(2, 2))
+    assert str(error.value) == (
+        f"{__file__}:{line}: Recipe('mine'): convert returned None, not a module: return the "
+        "model (a swap made in place returns it too)"
+    )
+    kept = recipes.Recipe("kept", "my recipe", convert=lambda model: model.requires_grad_(False))
+    with kept.bind(CPU) as precision:
+        assert isinstance(precision.prepare(torch.nn.Linear(2, 2)), torch.nn.Linear)

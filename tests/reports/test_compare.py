@@ -164,7 +164,10 @@ def test_a_missing_baseline_names_the_file_and_how_to_make_one(tmp_path):
         ("{not json", "not JSON"),
         ('{"format": 99}', 'field "format" is 99'),
         (json.dumps({**summary({}), "verdicts": [{"claim": "X"}]}), 'verdicts[0]: field "verdict"'),
-        (json.dumps(summary({"bytes": "two"})), f'tests["{TEST}"].metrics["bytes"]: \'two\''),
+        (
+            json.dumps(summary({"bytes": "two"})),
+            f'tests["{TEST}"].metrics["bytes"] is \'two\', not a number',
+        ),
     ],
 )
 def test_a_malformed_baseline_names_the_file_the_field_and_the_fix(tmp_path, content, message):
@@ -416,7 +419,12 @@ def with_verdict(verdict: str, stands: bool, test: str = TEST, lacks=()) -> dict
 
 @pytest.mark.parametrize(
     ("after", "stands"),
-    [("skipped", False), ("failed (was: confirmed)", False), ("capability regression", False)],
+    [
+        ("skipped", False),
+        ("failed (was: confirmed)", False),
+        ("capability regression", False),
+        ("cannot compile", False),  # shown as itself: the compiler's, not the claim's
+    ],
 )
 def test_a_decision_skipped_or_failed_now_is_a_regression(after, stands):
     result = compare.compare(with_verdict("confirmed", True), with_verdict(after, stands))

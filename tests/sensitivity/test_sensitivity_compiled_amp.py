@@ -12,6 +12,7 @@ of C++ compilation per graph to every session.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 
 import pytest
@@ -193,3 +194,24 @@ def test_the_session_keeps_inductors_cache_under_its_reports(run_scenario, pytes
     chosen = _CacheSeen()
     run_scenario(MODULE, "-k", "no_test_has_this_name", plugins=(chosen,))
     assert chosen.seen == [str(pytester.path / "users-cache")]
+
+
+@pytest.mark.slow
+def test_an_arm_that_cannot_compile_records_its_own_outcome(run_scenario, pytester, monkeypatch):
+    """aot_eager made to raise compiling: the test fails (a compile error nowhere predicted),
+    and what it recorded is `cannot compile`, not a verdict on the claim."""
+
+    def raising(fn, compiled, kwargs):
+        def call(*args):
+            raise RuntimeError("the backend failed to compile (broken by the test)")
+
+        return call
+
+    _compile_wrapped(monkeypatch, raising)
+    result = _run(run_scenario, "test_compiled_block_keeps_eager_dtypes and bfloat16")
+    assert_fails_naming(result, "CMP-BLOCK-DTYPES")
+    assert_failed_on(result, "*CMP-BLOCK-DTYPES: aot_eager: raised RuntimeError: the backend fail*")
+    journal = (pytester.path / "reports" / "journal.jsonl").read_text().splitlines()
+    recorded = [v["verdict"] for line in journal if (entry := json.loads(line))["type"] == "record"
+                for v in entry["record"]["verdicts"]]  # fmt: skip
+    assert recorded == ["cannot compile"], recorded

@@ -18,6 +18,7 @@ from harness.lab.diagnose.thresholds import (
 )
 
 REFERENCE = "fp32"  # the run every other recipe's is held against
+GRADIENT = "gradient:largest entry"  # the forecast's name for the gradient's growth
 
 
 @dataclass
@@ -50,16 +51,28 @@ class FixCheck:
     reasons: list[str]
     held: bool  # the fixed run is safe: nothing the rules look for is left
     reference: str = REFERENCE  # what it was judged against: fp32 with the fix's optimizer change
+    code: list[str] = field(default_factory=list)  # what a user adds, and where (Fix.code)
+    # False where the quick look cannot say: the fixed run's only finding is AdamW's second
+    # moments lost to fp16 (those entries step by m/eps), which longer training found harmless
+    # on some models and harmful on others (rules.OPTIMIZER_IN_FP16): --verify decides.
+    settled: bool = True
 
 
 @dataclass
 class Forecast:
-    """A straight line through an op's per-step peaks, extended to fp16's 65504."""
+    """An op's growth over the quick look's steps, extended to where fp16 overflows: the curve
+    value(step) = first + rate * (step - 1) ** power fitted to its per-step values
+    (harness.lab.diagnose.curves.forecast)."""
 
     op: str
-    peak: float  # at the last step
-    growth: float  # per step
-    step: int  # where the line reaches 65504
+    first: float  # the value at the first step
+    peak: float  # the value at the last step
+    growth: float  # per step, at the last step
+    step: int  # where the curve reaches `limit`
+    measured: str = "output"  # "input": an exp's largest input (the log of its output)
+    limit: float = 65504.0  # fp16's largest value, or the input past which exp overflows it
+    power: float = 1.0  # of the fitted curve: 1 a straight line, 2 a square's growth
+    slowing: int = 0  # where it reaches `limit` if its gain keeps slowing as it did (>= step)
 
 
 @dataclass
@@ -79,11 +92,17 @@ class Run:
     norms: dict[str, NormState] = field(default_factory=dict)
     underflow: float = 0.0  # at the last step: the gradient share fp16 would flush (UNDERFLOW_MAX)
     underflow_steps: list[float] = field(default_factory=list)
+    # Per step, the largest |entry| of the gradient (unscaled): fp32's is extended by the
+    # forecast (GRADIENT), as an op's peaks are.
+    gradient_peaks: list[float] = field(default_factory=list)
     zero_gradients: float = 0.0  # largest fraction of gradient entries exactly 0
     # AdamW, after the last step: of the entries with a first moment, the share whose second
     # moment is exactly 0 (fp16 state: g^2 underflowed; such an entry steps by m/eps).
     moments_lost: float = 0.0
     cosine: float | None = None  # of its first gradient with fp32's
+    # The run's own first gradient held inf/NaN (scaled by 65536: step 1 skipped), and `cosine`
+    # is of that gradient recomputed without loss scaling from the same weights and batch.
+    cosine_unscaled: bool = False
     # Where `cosine` is under COSINE_MIN: fp32's own first gradient against itself with the
     # weights rounded to this run's 16-bit dtype. Low too, the direction is chaotic at these
     # weights (softmax saturated by logits of 1e5) and the cosine says nothing of precision.
@@ -102,8 +121,11 @@ class Run:
     # The first op, in the order ops ran, whose output held inf/NaN, and the step (from 1).
     first_nonfinite: tuple[int, str] | None = None
     forecast: Forecast | None = None  # fp32 only: the first op the growth takes to 65504
-    # The recommended fix, as the rules found it: modules to keep in fp32, AdamW's epsilon.
+    forecasts: list[Forecast] = field(default_factory=list)  # fp32 only: every one, soonest first
+    # The recommended fix, as the rules found it: modules to keep in fp32, the loss computed in
+    # fp32 outside autocast, AdamW's epsilon.
     keep_fp32: list[str] = field(default_factory=list)
+    loss_fp32: bool = False
     adam_eps: float | None = None
     status: str = ""
     findings: list[str] = field(default_factory=list)  # every status whose rule fired
@@ -113,6 +135,10 @@ class Run:
     @property
     def skipped(self) -> int:
         return sum(self.skips)
+
+    def computed_fp16(self) -> set[str]:
+        """The ops whose output this run computed in fp16."""
+        return {k for k, x in self.ops.items() if x.dtype == "float16"}
 
     def first_nonfinite_loss(self) -> int | None:
         return next((i for i, v in enumerate(self.loss, 1) if not math.isfinite(v)), None)

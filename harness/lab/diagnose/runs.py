@@ -31,7 +31,7 @@ from harness.common.errors import HarnessError
 from harness.lab import probes, recipes
 from harness.lab.autocast import torch_compile
 from harness.lab.diagnose import kernels
-from harness.lab.diagnose.fixes import Fix, Fixed
+from harness.lab.diagnose.fixes import Fix, Fixed, loss_in_fp32
 from harness.lab.diagnose.observed import REFERENCE, NormState, OpRange, Run
 from harness.lab.diagnose.thresholds import COSINE_MIN
 from harness.lab.machine.device import DeviceInfo
@@ -156,9 +156,10 @@ class _Watch:
         squares = flat * flat
         counts = torch.stack(
             [nonzero.sum().double(), flushed.sum().double(), squares.sum().double(),
-             squares[flushed].sum().double()]
+             squares[flushed].sum().double(), flat.abs().max().double()]
         )  # fmt: skip
-        nonzero_count, flushed_count, whole, lost = counts.tolist()
+        nonzero_count, flushed_count, whole, lost, largest = counts.tolist()
+        self.run.gradient_peaks.append(largest)
         if self.optimizer == "sgd":  # the share of the update fp16 would lose
             share = lost / whole if whole > 0 else 0.0
         else:
@@ -225,6 +226,8 @@ def run_recipe(
         run.unsupported, run.regression = f"recipe {name} {lack}", lack.regression
         return run, None
     torch.manual_seed(seed)  # the same dropout masks and random draws in every run of a seed
+    if fix is not None and fix.loss_fp32:
+        replay = Replay(replay.taken, loss_in_fp32(replay.loss, setting.device.type))
     model = copy.deepcopy(initial)
     if backend is not None:
         model = torch_compile.fresh(model, backend, fullgraph=False)
@@ -265,6 +268,13 @@ def run_recipe(
     gradient = watcher.first_gradient
     if reference_gradient is not None and gradient is not None:
         run.cosine = _cosine(gradient, reference_gradient)
+    if dtype is not None and run.cosine is not None and not math.isfinite(run.cosine):
+        # The run's first gradient held inf/NaN (a scaler's 65536 overflowed it: step 1 skipped):
+        # its direction is measured again, unscaled, from the same weights, batch and masks.
+        with limit.active():
+            unscaled = _first_gradient(initial, replay, precision, None)
+        if unscaled is not None:
+            run.cosine, run.cosine_unscaled = _cosine(unscaled, reference_gradient), True
     if dtype is not None and run.cosine is not None and run.cosine < COSINE_MIN:
         with limit.active():
             run.rounding_cosine = rounding_cosine(initial, replay, setting, dtype)
@@ -286,6 +296,8 @@ def rounding_cosine(
 def _first_gradient(
     initial: nn.Module, replay: Replay, fp32: recipes.Precision, rounded_to: torch.dtype | None
 ) -> torch.Tensor | None:
+    """The first batch's gradient from `initial` (its weights rounded to `rounded_to` where
+    given) under the precision `fp32` (fp32's, or a recipe's, without its loss scale)."""
     torch.manual_seed(SEED)
     model = fp32.prepare(copy.deepcopy(initial))
     model.train()

@@ -12,6 +12,24 @@ FP16_MAX = torch.finfo(torch.float16).max  # 65504
 HEADROOM_FACTOR = 8.0
 # The forecast looks this many steps ahead (--horizon).
 HORIZON = 1000
+# The forecast extends an op's growth only where it is steady over at least FORECAST_MIN_STEPS
+# steps: its last peak at least GROWTH_MIN_RATIO times its first, every step's peak above the
+# first step's, and Kendall's tau of the peaks against the steps at least GROWTH_TAU (a batch's
+# largest value jitters: 8 independent draws reach a tau of 0.5 and stay above the first in
+# 2.4% of cases, so the ratio, which a jitter of a few percent does not reach, is needed). The
+# fitted curve's power is held to at most MAX_POWER (a square's growth: a pow, a sum of squares,
+# of an activation growing in a straight line). Ops whose input, not output, is extended: exp
+# overflows fp16 past an input of ln 65504 = 11.09, with an output far under 65504 until then.
+FORECAST_MIN_STEPS = 4
+GROWTH_TAU = 0.5
+GROWTH_MIN_RATIO = 1.5
+MAX_POWER = 2.0
+# A gain that slowed over the steps (a fitted power under 1) is extended as a straight line (the
+# forecast's step) and as it slowed, its power held to at least MIN_POWER (the far end of the
+# range said). Over the growth models of tests/helpers/zoo_growth.py the straight line ran
+# ahead of training by 1.3x to 1.9x: the step is the start of the range, not a date.
+MIN_POWER = 0.5
+EXP_OPS = ("exp", "exp2", "expm1")
 # Fp16 without loss scaling is flagged when, at the last step, more than this share of the
 # gradient would be lost to fp16's underflow: of the non-zero entries under AdamW (its update
 # is scale-free per entry), of the squared norm under SGD (a tiny gradient is a tiny update).

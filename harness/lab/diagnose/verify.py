@@ -36,8 +36,15 @@ from torch import nn
 from harness.lab import recipes, stats
 from harness.lab.diagnose.curves import beyond_noise, end_gap, loss_floor, window
 from harness.lab.diagnose.fixes import Fix
+from harness.lab.diagnose.growth import forecast_for
 from harness.lab.diagnose.observed import REFERENCE, Diagnosis, Run
-from harness.lab.diagnose.rules import NOT_RUN, REFERENCE_STATUS, SAFE
+from harness.lab.diagnose.rules import (
+    NOT_RUN,
+    OVERFLOWS_AHEAD,
+    OVERFLOWS_WITHIN_NOISE,
+    REFERENCE_STATUS,
+    SAFE,
+)
 from harness.lab.diagnose.runs import (
     SEED,
     Redraw,
@@ -106,12 +113,14 @@ def verify(
         def judged(runs: list[Run], against: list[Run]) -> tuple[str, str]:
             return _truth(runs[0], against[0], noise)
 
-    rows = []
+    rows, forecasts = [], []
     for name, quick in diagnosis.runs.items():
         if quick.status in (NOT_RUN,) or quick.unsupported:
             continue
         runs = references if name == REFERENCE else trained(name)
         truth, why = judged(runs, references)
+        if quick.status == OVERFLOWS_AHEAD:
+            forecasts.append((quick, runs[0], truth, why))
         rows.append(
             {
                 "recipe": name,
@@ -121,6 +130,7 @@ def verify(
                 "held": None if quick.status == REFERENCE_STATUS else _held(quick.status, truth),
                 "loss": _mean(_end(run.loss) for run in runs),
                 "held_out_loss": _mean(run.held_out_loss for run in runs),
+                "lead": _lead(quick, diagnosis) if quick.status == SAFE and truth != FINE else "",
             }
         )
     checked = []
@@ -142,7 +152,70 @@ def verify(
         "noise_note": note,
         "rows": rows,
         "fixes": checked,
+        "forecasts": [
+            _forecast_held(quick, diagnosis, run, (truth, why), _fix_truth(checked, quick.recipe))
+            for quick, run, truth, why in forecasts
+        ],
     }
+
+
+def _lead(quick: Run, diagnosis: Diagnosis) -> str:
+    """For a "safe" that training proved wrong, where to look first: the op this recipe computes
+    in fp16 whose peak grew the most over the quick look in fp32 (a lead, not a finding: the
+    long runs observe the loss alone)."""
+    ops, fp16 = diagnosis.runs[REFERENCE].ops, quick.computed_fp16()
+    ratio, op = 1.0, ""
+    for key, x in ops.items():  # in the order they ran: of two that grew alike, the maker
+        if key in fp16 and len(x.peaks) > 1 and x.peaks[0] > 0:
+            grew = x.peaks[-1] / x.peaks[0]
+            if grew > ratio * 1.01:
+                ratio, op = grew, key
+    if not op:
+        return ""
+    peaks = ops[op].peaks
+    return (
+        f"the fp16 op whose peak grew the most in fp32's {len(peaks)} steps is {op} "
+        f"({peaks[0]:.3g} to {peaks[-1]:.3g}, x{ratio:.2g}): a lead, not a measurement; try it "
+        "in fp32 (or amp-bf16) with --verify"
+    )
+
+
+def _fix_truth(checked: list[dict], recipe: str) -> str | None:
+    return next((fix["truth"] for fix in checked if fix["recipe"] == recipe), None)
+
+
+def _forecast_held(
+    quick: Run, diagnosis: Diagnosis, run: Run, truth: tuple[str, str], fixed: str | None
+) -> dict:
+    """A recipe's forecast (status OVERFLOWS_AHEAD) against its long run: the step its loss or
+    parameters first went non-finite, against the step forecast. `held`: True where it went by
+    the end (earlier or later than forecast), or where the run was harmed with every loss finite
+    and the fix (`fixed`, its truth) trains as fp32 (an overflow a norm turns into zeros says
+    nothing in the loss's value); False where nothing of that came by twice the step forecast (a
+    false alarm); None where the run stopped before that (not tested, or later than forecast)."""
+    ahead = forecast_for(quick, diagnosis)
+    went = run.first_nonfinite_loss() or (None if run.params_finite else len(run.loss))
+    said = f"{quick.recipe}: {ahead.op} forecast to overflow fp16 near step {ahead.step}"
+    if went is not None:
+        held = True
+        words = f"{said}; training's loss first non-finite at step {went}: the forecast came true"
+    elif truth[0] in (HARMED, DIVERGES) and fixed == FINE:
+        held = True
+        words = (
+            f"{said}; every loss finite, but training was {truth[0]} ({truth[1]}) and with the "
+            "fix it trains as fp32: the forecast came true, silently"
+        )
+    elif len(run.loss) >= 2 * ahead.step:
+        held = False
+        words = f"{said}; nothing overflowed in {len(run.loss)} steps: a FALSE ALARM of it"
+    else:
+        held = None
+        words = (
+            f"{said}; nothing overflowed in {len(run.loss)} steps: untested, or later than "
+            f"forecast (--verify {2 * ahead.step} settles it)"
+        )
+    return {"recipe": quick.recipe, "op": ahead.op, "step": ahead.step, "went": went,
+            "held": held, "words": words}  # fmt: skip
 
 
 def _initialisations(
@@ -241,7 +314,7 @@ def _compared(run: Run, reference: Run, noise: Noise) -> tuple[str, str]:
     for what, gap, base, spread in gaps:
         words.append(
             f"{what} {gap / max(abs(base), floor):+.2%} vs {against}(fp32's own seed spread "
-            f"{spread:.3g})"
+            f"{spread / max(abs(base), floor):.2%})"
         )
         if beyond_noise(abs(gap), base, spread, floor):
             if gap > 0:
@@ -311,4 +384,6 @@ def _paired_truth(runs: list[Run], references: list[Run], noise: Noise) -> tuple
 
 
 def _held(predicted: str, truth: str) -> bool:
-    return (truth == FINE) if predicted == SAFE else truth != FINE
+    """A prediction against the truth: "safe" and "overflows fp16, harm within noise" (no
+    measurable harm) hold where the run trains as fp32; every other status where it does not."""
+    return (truth == FINE) if predicted in (SAFE, OVERFLOWS_WITHIN_NOISE) else truth != FINE

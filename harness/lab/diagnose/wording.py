@@ -24,7 +24,11 @@ def modules_named(ops: list[str]) -> list[str]:
                 "torch.autocast(device_type, enabled=False) with fp32 inputs)"
             )
         elif module == "loss":
-            named.append(f"the loss's {name} (compute the loss on fp32 outputs)")
+            named.append(
+                f"the loss's {name} (the whole loss computed outside autocast, "
+                "torch.autocast(device_type, enabled=False), on the outputs cast with .float(); "
+                "cast inside autocast, its matmuls run in fp16 again: the code is below)"
+            )
         else:
             named.append(module)
     return list(dict.fromkeys(named))
@@ -33,6 +37,21 @@ def modules_named(ops: list[str]) -> list[str]:
 def fix_modules(ops: list[str]) -> tuple[str, ...]:
     """The submodules a fix keeps in fp32 for these ops (the root cannot be: that is fp32)."""
     return tuple(dict.fromkeys(module_of(k) for k in ops if module_of(k) not in ("model", "loss")))
+
+
+def in_loss(ops: list[str]) -> bool:
+    """Some of these ops are the loss's: the fix computes the loss in fp32 (fixes.loss_in_fp32)."""
+    return any(module_of(k) == "loss" for k in ops)
+
+
+def where(op: str) -> str:
+    """An op in words: "exp in the loss", "exp in the model's own forward", "ff.wo's mm"."""
+    module, name = module_of(op), op.rpartition(":")[2]
+    if module == "loss":
+        return f"{name} in the loss"
+    if module == "model":
+        return f"{name} in the model's own forward"
+    return f"{module}'s {name}"
 
 
 def margin(peak: float) -> str:

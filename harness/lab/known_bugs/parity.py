@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 
 import torch
@@ -15,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.lab.autocast import torch_compile
+from harness.lab.autocast.scaled_loop import scaled_training
 from harness.lab.known_bugs.reproduction import Observed, Unavailable, reproduces
 
 F16, BF16 = torch.float16, torch.bfloat16
@@ -31,47 +28,7 @@ def _autocast_available(device: torch.device, dtype: torch.dtype) -> None:
 # --- the backward of an autocast(enabled=False) region ------------------------------------------
 
 
-class _DisabledRegion(nn.Module):
-    """A low-precision matmul under autocast, then an autocast(enabled=False) region holding a
-    float32 Linear: eager runs the region's backward in float32."""
-
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("mix", torch.ones(4, 4))
-        self.head = nn.Linear(4, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = x @ self.mix  # float16 under autocast: 4.0 each
-        with torch.autocast(x.device.type, enabled=False):
-            return self.head(hidden.float())
-
-
 _STEPS = 4
-
-
-def _scaled_training(device: torch.device, compiled: bool, setting) -> tuple[int, float]:
-    """_STEPS GradScaler steps (init scale 65536) of _DisabledRegion under float16 autocast;
-    returns the steps skipped and how far the head's weight moved."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = _DisabledRegion().to(device)
-    start = model.head.weight.detach().clone()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**16)
-    x = torch.ones(8, 4, device=device)
-    skipped = 0
-    with setting.applied() if setting else contextlib.nullcontext():
-        call = torch_compile.fresh(model, "aot_eager") if compiled else model
-        for _ in range(_STEPS):
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=F16):
-                loss = call(x).float().sum()
-            scale = scaler.get_scale()
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            skipped += scaler.get_scale() < scale
-    return skipped, float((model.head.weight.detach() - start).abs().max())
 
 
 @contextlib.contextmanager
@@ -118,7 +75,8 @@ def compiled_backward_of_disabled_region(device: torch.device, control: bool) ->
         arm, compiled = f"compiled with {setting.label}", True
     else:
         arm, compiled, setting = "compiled (aot_eager)", True, None
-    skipped, moved = _scaled_training(device, compiled, setting)
+    history = scaled_training(device, "aot_eager" if compiled else None, setting, _STEPS)
+    skipped, moved = history.steps_skipped, history.moved
     return Observed(
         harm=skipped > 0,
         says=(
@@ -369,44 +327,6 @@ def inductor_lowp_compare(device: torch.device, control: bool) -> Observed:
 # --- AOTAutograd's cache key and the autocast dtype ----------------------------------------------
 
 
-class _OwnRegion(nn.Module):
-    """A Linear under the ambient autocast, then a region of its own (enabled=False)."""
-
-    def __init__(self):
-        super().__init__()
-        self.first = nn.Linear(8, 8)
-        self.second = nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.first(x)
-        with torch.autocast(x.device.type, enabled=False):
-            return hidden, self.second(hidden.float())
-
-
-_CACHES: list[str] = []  # the folder holding each block's cache, made once per process
-
-
-@contextlib.contextmanager
-def _cache_dir() -> Iterator[str]:
-    """A fresh inductor cache directory for the block: nothing compiled earlier is served.
-
-    Kept until the process ends, not removed after the block: inductor keeps paths into the
-    cache it compiled with (2.4's precompiled header), and a later compile elsewhere that
-    includes them would fail on a folder gone."""
-    if not _CACHES:
-        _CACHES.append(tempfile.mkdtemp(prefix="kb_aot_cache_"))
-        atexit.register(shutil.rmtree, _CACHES[0], ignore_errors=True)
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path = tempfile.mkdtemp(dir=_CACHES[0])
-    try:
-        yield path
-    finally:
-        if before is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
-
-
 @reproduces(
     "KB-AOT-CACHE-AUTOCAST-DTYPE",
     devices=("cpu", "cuda"),
@@ -414,37 +334,28 @@ def _cache_dir() -> Iterator[str]:
     slow=True,
 )
 def aot_cache_autocast_dtype(device: torch.device, control: bool) -> Observed:
-    """A model with an autocast region of its own, compiled by inductor and trained one step
-    under bf16 autocast, then compiled afresh (dynamo reset, same process and cache) and run
-    under fp16 autocast: the fp16 run's Linear output dtype."""
+    """One Linear compiled by inductor and trained a step under bf16 autocast, twice (the second
+    a cache hit: the cache is reached), then compiled afresh under fp16 autocast in the same
+    process and cache: the dtype the fp16 compile's Linear ran in."""
     _autocast_available(device, F16)
-    setting = torch_compile.NO_AUTOGRAD_CACHE
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = _OwnRegion().to(device)
-        x = torch.randn(4, 8, device=device)
-    dtypes = {}
-    with (
-        _cache_dir(),
-        torch_compile.denormals_kept(),
-        setting.applied() if control and setting.available() else contextlib.nullcontext(),
-    ):
-        for low in (BF16, F16):
-            call = torch_compile.fresh(model, "inductor")
-            with torch.autocast(device.type, dtype=low):
-                hidden, out = call(x.detach().clone().requires_grad_())
-            out.float().sum().backward()
-            dtypes[low] = hidden.dtype
-    got = dtypes[F16]
-    asked = sum(dtype == low for low, dtype in dtypes.items())
+    cache_off = torch_compile.NO_AUTOGRAD_CACHE
+    setting = cache_off if control and cache_off.available() else None
+    with torch_compile.fresh_cache_dir(), torch_compile.denormals_kept():
+        compiles = torch_compile.linear_compiles(device, (BF16, BF16, F16), setting)
+    if not control and not compiles[1].counts["hit"]:
+        raise Unavailable(
+            f"AOTAutograd's cache is off or refuses the graph in torch {torch.__version__} "
+            f"(no hit on a repeated compile: {', '.join(map(str, compiles))}): the bug needs it"
+        )
+    served = compiles[2].dtype
     return Observed(
-        harm=got != F16,
+        harm=served != F16,
         says=(
-            f"compiled under bf16 autocast, then compiled afresh under fp16 autocast"
-            f"{' without the AOTAutograd cache' if control else ''}: {asked} of {len(dtypes)} "
-            f"compiles ran the Linear in the dtype asked (the fp16 one: {got})"
+            f"a Linear compiled under bf16 autocast twice, then afresh under fp16"
+            f"{' without the AOTAutograd cache' if control else ''}: "
+            f"{', '.join(map(str, compiles))}; the fp16 compile ran in {served}"
         ),
-        numbers={"fp16_run_is_fp16": float(got == F16)},
+        numbers={"fp16_run_is_fp16": float(served == F16), "cache_hits": compiles[1].counts["hit"]},
     )
 
 

@@ -24,6 +24,7 @@ import torch
 
 from harness.common.errors import HarnessError, closest
 from harness.lab.machine import probes
+from harness.lab.machine.levels import LEVELS
 from harness.lab.machine.probes import Probe
 
 DEVICE_TYPES = ("cpu", "cuda")
@@ -43,6 +44,33 @@ class Expected:
     cpu: str | None = None
     unheld_from: str | None = None
     held: str = ""
+
+    def __post_init__(self) -> None:
+        problem = _expected_problem(self)
+        if problem:  # a team's row: held when built, not when first compared (a TypeError)
+            raise HarnessError(f"Expected(source={self.source!r}): {problem}")
+
+
+def _expected_problem(row: Expected) -> str | None:
+    """What is wrong with an Expected row's fields, with the fix; None when nothing is."""
+    for name in ("torch", "cc"):
+        value = getattr(row, name)
+        numbers = isinstance(value, tuple) and len(value) == 2
+        numbers = numbers and all(type(v) is int and v >= 0 for v in value)
+        if (value is not None or name == "torch") and not numbers:
+            example = "(2, 9)" if name == "torch" else "(8, 0)"
+            return f"{name}={value!r}: use two whole numbers, (major, minor), e.g. {name}={example}"
+    for name in ("cpu", "unheld_from"):
+        value = getattr(row, name)
+        if value is not None and value not in LEVELS:
+            return (
+                f"{name}={value!r}: use a CPU level, one of {', '.join(LEVELS)} "
+                f"(closest: {closest(str(value), LEVELS)})"
+            )
+    for name in ("source", "held"):
+        if not isinstance(getattr(row, name), str):
+            return f"{name}={getattr(row, name)!r}: say it in words (text)"
+    return None
 
 
 _CAPABILITY_NAME = re.compile(r"[a-z][a-z0-9_]*")

@@ -22,10 +22,12 @@ import os
 import platform
 import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
 
+from harness.common.errors import HarnessError
 from harness.lab.machine.levels import LEVELS, level_rank
 
 # What holds the kernels to a level on a machine that has more (`--amp-cpu-class`): ATen's
@@ -42,7 +44,8 @@ HOLD: dict[str, dict[str, str]] = {
 MKL_HOLD = {"sse41": "SSE4_2", "avx2": "AVX2"}  # MKL_ENABLE_INSTRUCTIONS; AVX-512 is its top
 HOLD_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
-_ATEN_LEVEL = {"DEFAULT": "sse41", "AVX2": "avx2", "AVX512": "avx512"}
+# ATen's names of its levels: the lowest is "NO AVX" in 2.4.1 to 2.6.0, "DEFAULT" from 2.9.1.
+_ATEN_LEVEL = {"DEFAULT": "sse41", "NO AVX": "sse41", "AVX2": "avx2", "AVX512": "avx512"}
 
 # oneDNN's own name of the instruction set it runs (its verbose "isa:" line), most specific
 # first: the first pattern found names the level.
@@ -50,6 +53,7 @@ _ONEDNN_LEVEL = (
     (r"AMX with bfloat16, float16", "amx-fp16"),
     (r"AMX", "amx"),
     (r"AVX-512 with float16", "avx512-fp16"),
+    (r"AVX ?10\.1", "avx512-fp16"),  # oneDNN 3.x's name for the same ISA (torch 2.13 on)
     (r"AVX-512.*bfloat16", "avx512-bf16"),
     (r"AVX-512", "avx512"),
     (r"AVX2", "avx2"),
@@ -163,7 +167,7 @@ def kernels_in_force() -> dict[str, str]:
     (harness.lab.machine.device.probe), so that oneDNN's one-time header comes here, not to a test.
     MKL (fp32 GEMM) is held down with the rest but not read back: its verbose banner, which
     names its code path, measures the CPU's clock first (a second per process)."""
-    aten = torch.backends.cpu.get_cpu_capability()
+    aten = _aten_capability()
     onednn = ""
     if torch.backends.mkldnn.is_available():
         with contextlib.suppress(Exception):  # a read-back that fails leaves the fact unknown
@@ -176,6 +180,28 @@ def kernels_in_force() -> dict[str, str]:
         + " (oneDNN did not say)",
         "onednn_level": level or "",
     }
+
+
+def _aten_capability() -> str:
+    """ATen's capability in force. torch reads ATEN_CPU_CAPABILITY once, at the first kernel it
+    dispatches (here, before any probe), and a value it does not take (a typo, `avx9000`; or
+    `sve256` on a CPU without it) it ignores with a warning and runs the machine's best: not
+    the kernels asked for, so a usage error, in one line, naming the variable and the fix."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        aten = torch.backends.cpu.get_cpu_capability()
+    asked = os.environ.get("ATEN_CPU_CAPABILITY")
+    if asked is not None and caught:
+        said = str(caught[0].message).split(" (Triggered internally")[0]
+        held = sorted({hold["ATEN_CPU_CAPABILITY"] for hold in HOLD.values()})
+        raise HarnessError(
+            f"ATEN_CPU_CAPABILITY={asked!r}: torch did not take it ({said}) and runs {aten}: on "
+            f"x86 use {', '.join(held)}, or unset it (--amp-cpu-class holds the kernels to a "
+            f"class by name: {', '.join(HOLD)})"
+        )
+    for warning in caught:  # not about the variable: as torch gave it
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return aten
 
 
 def _onednn_isa() -> str:

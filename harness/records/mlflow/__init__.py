@@ -16,6 +16,8 @@ of the harness imports. (Absolute imports only: inside this package, `mlflow` is
   runs logged afresh, the runs of killed sessions ended;
 - `runs`: the runs MLflow holds, read back: searched page by page, a session's main parent run,
   whether a test's run is complete, the copies a retried request made deleted;
+- `writer`: Writer, a session's sink in a thread of its own: the tests never wait for MLflow;
+  at the session's end it is waited for within a bound, and what it did not send is said;
 - `sqlite_store`: the embedded store where the harness reaches past MLflow: writable or not,
   `sync`'s commits without fsync, its artifact paths following a moved store.
 """

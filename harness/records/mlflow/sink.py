@@ -1,5 +1,5 @@
-"""MLflow, downstream of the journal: MlflowSink logs a session live, one parent run per
-session and one child run per test.
+"""MLflow, downstream of the journal: MlflowSink logs a session live (in the thread of its
+Writer, `writer`, off the tests' path), one parent run per session and one child run per test.
 
 Every call is bounded (`bounds`) and the first failure turns the sink off for the rest of the
 session: results keep going to the journal, and `amp-harness sync` (`replay`) replays what MLflow
@@ -18,6 +18,8 @@ import contextlib
 import json
 import logging
 import shlex
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -347,15 +349,7 @@ class MlflowSink:
                 Metric(k, v, stamp, step) for k, points in sent.items() for step, v in points
             ]
             params = [Param(k, v) for k, v in {**record.params, "device": record.device}.items()]
-            self.client.log_text(
-                run_id, redact(json.dumps(record.to_dict(), indent=1)), "record.json"
-            )
-            for name in record.figures:
-                path = record.artifact_dir / name
-                if path.exists():
-                    self.client.log_artifact(run_id, str(path), "figures")
-                else:
-                    log.warning("%s: figure %s is gone; not logged", record.test, path)
+            self._log_files(run_id, record)
             self.client.set_terminated(run_id, _STATUS[record.outcome], stamp)
             # One call for every metric and history of the test (per-step calls cost ~40x more)
             # and, last, the completion tag: MLflow writes a batch's tags after its params and
@@ -374,6 +368,23 @@ class MlflowSink:
             raise
         if cut:
             self._note_downsampled(record.test, cut)
+
+    def _log_files(self, run_id: str, record: Record) -> None:
+        """The record's record.json and its figures (figures/NAME), in one upload: a call each
+        cost a request each (a transaction and a copy each on the embedded store)."""
+        with tempfile.TemporaryDirectory(prefix="amp-harness-") as staged:
+            folder = Path(staged)
+            (folder / "record.json").write_text(
+                redact(json.dumps(record.to_dict(), indent=1)), encoding="utf-8"
+            )
+            for name in record.figures:
+                path = record.artifact_dir / name
+                if path.exists():
+                    (folder / "figures").mkdir(exist_ok=True)
+                    shutil.copyfile(path, folder / "figures" / Path(name).name)
+                else:
+                    log.warning("%s: figure %s is gone; not logged", record.test, path)
+            self.client.log_artifacts(run_id, staged)
 
     def _note_downsampled(self, test: str, cut: dict[str, int]) -> None:
         """One line in `notes` for every test whose histories MLflow got fewer points of."""

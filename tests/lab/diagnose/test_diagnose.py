@@ -100,11 +100,12 @@ def test_adamw_second_moments_lost_to_fp16_are_counted_where_fp32_keeps_them():
 
 
 @pytest.mark.parametrize("scale", [1.0, 1000.0])
-def test_an_eps_fix_whose_fp16_second_moments_are_zero_does_not_hold(scale):
+def test_an_eps_fix_whose_fp16_second_moments_are_zero_is_not_settled(scale):
     # The harness's MLP as a `half` model: with AdamW eps 1e-4 its losses stay finite, but
     # nearly every fp16 second moment is 0 (the zoo's gpt2, llama and bert ended 1-39% away
-    # from fp32 after 150 steps this way). Control: outputs x1000, gradients whose squares fp16
-    # holds: the same fix holds.
+    # from fp32 after 150 steps this way; issue 54's NeoX, DeBERTa and Whisper encoder within
+    # fp32's spread): neither held nor failed, left to --verify. Control: outputs x1000,
+    # gradients whose squares fp16 holds: the same fix holds.
     subject = examples.mlp()
     model = Scaled(subject.model, scale)
     found = diagnose.diagnose(
@@ -114,8 +115,10 @@ def test_an_eps_fix_whose_fp16_second_moments_are_zero_does_not_hold(scale):
     lost = [r for r in eps.reasons if "second moment of exactly 0 in fp16" in r]
     if scale == 1.0:
         assert eps.status == diagnose.OPTIMIZER_IN_FP16 and not eps.held and lost, eps
+        # Settled (did not hold) only by another finding than the lost moments: here a drift.
+        assert eps.settled == any("the loss left fp32's" in r for r in eps.reasons), eps
     else:
-        assert eps.held and not lost, eps
+        assert eps.held and eps.settled and not lost, eps
 
 
 class Scaled(nn.Module):

@@ -282,6 +282,10 @@ def test_the_calls():
     assert call(diagnose.SAFE, zoo_truth.DIFFERS) == zoo_truth.MISS
     assert call(diagnose.OPTIMIZER_IN_FP16, zoo_truth.DIFFERS) == zoo_truth.CORRECT
     assert call(diagnose.KEEP_IN_FP32, zoo_truth.FINE) == zoo_truth.FALSE_ALARM
+    # A real overflow whose harm the quick look cannot measure raises no flag: held as "safe".
+    assert zoo_truth.NO_MEASURABLE_HARM == diagnose.OVERFLOWS_WITHIN_NOISE
+    assert call(diagnose.OVERFLOWS_WITHIN_NOISE, zoo_truth.FINE) == zoo_truth.CORRECT
+    assert call(diagnose.OVERFLOWS_WITHIN_NOISE, zoo_truth.HARMED) == zoo_truth.MISS
 
 
 def test_the_vision_skip_names_the_command_that_runs_them():

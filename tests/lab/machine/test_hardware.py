@@ -36,6 +36,9 @@ ONEDNN_WORDS = {
     "bfloat16 and 8-bit integer support": "amx",
     "Intel AVX-512 with float16, Intel DL Boost and bfloat16 support and Intel AMX with "
     "bfloat16, float16 and 8-bit integer support": "amx-fp16",
+    # oneDNN 3.x (torch 2.13's), ONEDNN_MAX_CPU_ISA=AVX512_CORE_FP16 and =AVX512_CORE_AMX:
+    "Intel AVX 10.1": "avx512-fp16",
+    "Intel AVX10.1 and Intel AMX with bfloat16 and 8-bit integer support": "amx",
 }
 
 
@@ -50,6 +53,7 @@ def test_onednn_s_words_name_their_level(words, level):
         ("AVX512", "avx512-bf16", "avx512-bf16"),
         ("AVX2", "avx2", "avx2"),
         ("DEFAULT", "sse41", "sse41"),
+        ("NO AVX", "sse41", "sse41"),  # ATen's word for DEFAULT in 2.4.1 to 2.6.0
         ("AVX512", "avx2", "avx512+onednn-avx2"),  # held apart: both named
         ("AVX2", "avx512-bf16", "avx2+onednn-avx512-bf16"),
         ("AVX512", "", "avx512+onednn-unknown"),

@@ -98,9 +98,18 @@ def test_a_team_capability_is_judged_as_a_built_in_one(pytester, probe, expected
          "saw)*"),
         (HEADER + "import team_tool_that_is_not_installed\n",
          "*capabilities.py: line 2: importing it raised ModuleNotFoundError*Fix the file*"),
+        # Issue 55: a row's fields held when built, not when first compared (a TypeError).
+        (HEADER + "CAPABILITIES = [Capability('tool', 'x', lambda d: None,\n"
+         "    expected={'cpu': Expected(torch='2.9', source='y')})]",
+         "*line 3: Expected(source='y'): torch='2.9': use two whole numbers, (major, minor), e.g. "
+         "torch=(2, 9)"),
+        (HEADER + "CAPABILITIES = [Capability('tool', 'x', lambda d: None,\n"
+         "    expected={'cpu': Expected(cpu='avx9000', source='y')})]",
+         "*line 3: Expected(source='y'): cpu='avx9000': use a CPU level, one of sse41, *"),
     ],
     ids=["built-in-name", "device-type", "no-source", "bad-name", "no-list", "not-a-capability",
-         "twice", "probe-returns-a-bool", "import-error"],
+         "twice", "probe-returns-a-bool", "import-error", "expected-torch-text",
+         "expected-cpu-level"],
 )  # fmt: skip
 def test_a_declaration_that_cannot_be_used_stops_the_session_naming_file_and_fix(
     pytester, text, error

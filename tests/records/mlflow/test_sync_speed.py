@@ -12,7 +12,8 @@ from helpers.tracked import assert_each_record_once_and_whole, write_journal
 from harness.records.journal import Journal
 from harness.records.tracking import MlflowSink, default_uri, sync
 
-WRITES = ("create_run", "log_batch", "log_text", "set_terminated", "set_tag")  # no figures here
+# record.json and the figures go in one log_artifacts
+WRITES = ("create_run", "log_batch", "log_artifacts", "set_terminated", "set_tag")
 
 
 @pytest.mark.slow
@@ -34,7 +35,7 @@ def test_sync_sends_a_record_in_four_calls_without_an_fsync_each(tmp_path):
     for name in WRITES:
         setattr(sink.client, name, counted(name))
     sync(sink, journal)
-    # 4 a record (create, record.json, end, one batch ending with the completion tag), and the
+    # 4 a record (create, its files, end, one batch ending with the completion tag), and the
     # session's run: created, then ended in two.
     assert len(calls) <= 4 * 5 + 3, calls
     engine = sink.client._tracking_client.store.engine
