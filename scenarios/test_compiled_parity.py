@@ -39,7 +39,7 @@ F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 BACKENDS = torch_compile.BACKENDS
 BACKWARD_OFF, EAGER_ROUNDING = torch_compile.BACKWARD_OUTSIDE_AUTOCAST, torch_compile.EAGER_ROUNDING
 EMULATES_CASTS = "inductor-cpu-emulates-precision-casts"
-CACHE_KEYS_DTYPE = "aot-cache-keys-autocast-dtype"
+CACHE_KEYS_DTYPE = "aot-cache-key-lacks-autocast-dtype"  # the key, the cache on or turned on
 
 
 @pytest.fixture(autouse=True)

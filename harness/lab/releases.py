@@ -176,9 +176,9 @@ CHANGES: dict[str, Change] = {
         ),  # fmt: skip
         device=ANY_DEVICE,
         since=(2, 13),
-        before_seen=("2.5.1", "2.6.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1"),
+        before_seen=("2.9.1", "2.10.0", "2.11.0", "2.12.1"),
         before=(
-            "inductor's AOTAutograd cache, where it is on, keys a graph by whether autocast is "
+            "inductor's AOTAutograd cache, on by default, keys a graph by whether autocast is "
             "on, not by its dtype: the graph compiled first under bfloat16 is served to a later "
             "compile under float16, or the other way round"
         ),
@@ -186,11 +186,30 @@ CHANGES: dict[str, Change] = {
         how=(
             "scenarios/test_compiled_parity.py's Linear, compiled by inductor into one fresh "
             "cache under bfloat16, bfloat16, float16 (the second compile a cache hit): 2.9.1 "
-            "serves the float16 compile bfloat16's graph; so do 2.5.1 and 2.6.0 with "
-            "torch._functorch.config.enable_autograd_cache turned on (off by default there, "
-            "absent on 2.4.1); 2.13.0 and 2.14.1 miss and compile float16. 2.10.0, 2.11.0 and "
-            "2.12.1 serve it (the known-bug ledger's reproduction, the same Linear): the key "
-            "gained the dtype in pytorch/pytorch#181564, shipped in 2.13"
+            "serves the float16 compile bfloat16's graph as released; so do 2.10.0, 2.11.0 and "
+            "2.12.1 (the known-bug ledger's reproduction, the same Linear); 2.13.0 and 2.14.1 "
+            "miss and compile float16 (pytorch/pytorch#181564). Before 2.7 the cache is off as "
+            "released ('aot-autograd-cache-on-by-default'): outside this change's range, and "
+            "'aot-cache-key-lacks-autocast-dtype' is the key itself, the cache turned on"
+        ),
+    ),
+    # The key itself, wherever the cache is turned on: what the cache-key test measures in its
+    # arm with the cache on (2.5.1, 2.6.0, where it is off as released).
+    "aot-cache-key-lacks-autocast-dtype": Change(
+        claims=("CMP-DTYPE-SWITCH",),
+        device=ANY_DEVICE,
+        since=(2, 13),
+        before_seen=("2.5.1", "2.6.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1"),
+        before=(
+            "AOTAutograd's cache, where it is on (by default from 2.7, turned on before), keys a "
+            "graph by whether autocast is on, not by its dtype"
+        ),
+        current="the cache keys the autocast dtype: each dtype gets its own graph",
+        how=(
+            "the cache-key test's Linear with torch._functorch.config.enable_autograd_cache "
+            "turned on: 2.5.1 and 2.6.0 serve the float16 compile bfloat16's graph, as 2.9.1 to "
+            "2.12.1 do as released; 2.13.0 and 2.14.1 do not (pytorch/pytorch#181564); 2.4.1 "
+            "has no such cache"
         ),
     ),
     # What a compile as released meets: the key above matters only where the cache is on.

@@ -132,11 +132,7 @@ def render(diagnosis: Diagnosis, width: int, color: bool) -> str:
                 if check.held
                 else "did not hold"
                 if check.settled
-                else (
-                    f"not settled in {diagnosis.steps} steps: only AdamW's fp16 second moments are "
-                    "lost, a different optimizer on those entries that longer training found "
-                    "harmless on some models and harmful on others; --verify N --seeds K decides"
-                )
+                else f"not settled in {diagnosis.steps} steps: {check.unsettled}"
             )
             against = "" if check.reference == REFERENCE else f", against {check.reference}"
             _wrapped(console, f"fix tried: {check.fix} -> {check.status} ({verdict}{against})",

@@ -15,6 +15,7 @@ A factory returns a `Subject` (the model, endless batches, the loss); `diagnose(
 - `scaler_words`: a GradScaler's course in words (how it failed, or how it calibrated);
 - `wording`: how the rules' reasons name an op's module, a peak's margin, autocast's lists;
 - `fixes`: each remedy, applied to a run;
+- `settled`: whether a fix check's few steps can say if the fix held ("not settled" and why);
 - `kernels`: the convolution kernels' probe;
 - `compiled`: each recipe compiled (--compile), against eager;
 - `verify`: the long runs of --verify, and their truth;

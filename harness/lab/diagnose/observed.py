@@ -9,6 +9,8 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from harness.lab.diagnose.thresholds import (
+    BACKOFF,
+    CALIBRATED_TAKEN,
     FP16_MAX,
     HEADROOM_FACTOR,
     HORIZON,
@@ -19,6 +21,9 @@ from harness.lab.diagnose.thresholds import (
 
 REFERENCE = "fp32"  # the run every other recipe's is held against
 GRADIENT = "gradient:largest entry"  # the forecast's name for the gradient's growth
+# A GradScaler's course in the look (Run.scaler_calibration): its first steps skipped, each a
+# back-off, every loss finite, then CALIBRATED_TAKEN steps taken or (SEEKING) fewer so far.
+CALIBRATED, SEEKING = "calibrated", "seeking"
 
 
 @dataclass
@@ -52,10 +57,11 @@ class FixCheck:
     held: bool  # the fixed run is safe: nothing the rules look for is left
     reference: str = REFERENCE  # what it was judged against: fp32 with the fix's optimizer change
     code: list[str] = field(default_factory=list)  # what a user adds, and where (Fix.code)
-    # False where the quick look cannot say: the fixed run's only finding is AdamW's second
-    # moments lost to fp16 (those entries step by m/eps), which longer training found harmless
-    # on some models and harmful on others (rules.OPTIMIZER_IN_FP16): --verify decides.
+    # False where the quick look cannot say (harness.lab.diagnose.settled): the fixed run's only
+    # finding is AdamW's second moments lost to fp16, or a GradScaler still calibrating its
+    # initial guess: --verify decides. `unsettled` says which, in words.
     settled: bool = True
+    unsettled: str = ""
 
 
 @dataclass
@@ -144,9 +150,29 @@ class Run:
         return next((i for i, v in enumerate(self.loss, 1) if not math.isfinite(v)), None)
 
     def scaler_stalled(self) -> bool:
-        """The scaler took at most half the steps, or its scale fell under SCALE_FLOOR."""
+        """The scaler took at most half the steps (its calibration aside), or its scale fell
+        under SCALE_FLOOR."""
         taken = len(self.skips) - self.skipped
-        return bool(self.skips) and (taken * 2 <= len(self.skips) or self.scale[-1] < SCALE_FLOOR)
+        minority = taken * 2 <= len(self.skips) and self.scaler_calibration() != CALIBRATED
+        return bool(self.skips) and (minority or self.scale[-1] < SCALE_FLOOR)
+
+    def scaler_calibration(self) -> str:
+        """CALIBRATED where the scaler's skips began the look, each a back-off (the next step's
+        scale BACKOFF times its own), with every loss and the weights finite, the scale not
+        under SCALE_FLOOR, no recurrence after, and at least CALIBRATED_TAKEN steps taken after
+        them; SEEKING where all that holds but fewer steps were taken; "" otherwise (no skip, a
+        skip after a step taken first, a loss inf in the forward): thresholds.BACKOFF says why."""
+        lead = next((i for i, skipped in enumerate(self.skips) if not skipped), len(self.skips))
+        finite = all(math.isfinite(v) for v in self.loss) and self.params_finite
+        if not lead or not finite or self.scale[-1] < SCALE_FLOOR:
+            return ""
+        after = range(1, min(lead + 1, len(self.scale)))
+        if any(self.scale[i] != self.scale[i - 1] * BACKOFF for i in after):
+            return ""
+        if self.scaler_course().recurs(len(self.skips)):
+            return ""
+        taken = len(self.skips) - self.skipped
+        return CALIBRATED if taken >= CALIBRATED_TAKEN else SEEKING
 
     def scaler_course(self) -> ScalerCourse:
         return scaler_course(self.skips, self.scale)

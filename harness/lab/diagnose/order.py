@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_map
 from harness.common.errors import HarnessError
 from harness.lab import recipes
 from harness.lab.diagnose import compiled as compiled_runs  # --compile's runs
+from harness.lab.diagnose import settled
 from harness.lab.diagnose import verify as truth  # the long runs of --verify
 from harness.lab.diagnose.curves import end_gap, forecasts
 from harness.lab.diagnose.fixes import Fix
@@ -435,14 +436,13 @@ def _try_fixes(
         )
         against = fix_reference(fix, diagnosis, initial, quick, setting)
         judge(fixed, against)
-        # Only AdamW's fp16 second moments lost, the losses finite: a different optimizer on
-        # those entries, whose harm the window cannot tell (docs/diagnose.md, "not settled").
-        moments_only = fixed.findings == [OPTIMIZER_IN_FP16] and not fixed.first_nonfinite_loss()
+        # What the few steps cannot tell from harm (docs/diagnose.md, "not settled").
+        why = settled.unsettled(fixed, against.runs[REFERENCE])
         checks.append(
             FixCheck(
                 fix.describe(), fixed.status, fixed.reasons, fixed.status == SAFE,
                 against.runs[REFERENCE].fix or REFERENCE, fix.code(setting.device.type),
-                settled=not moments_only,
+                settled=not why, unsettled=why,
             )
         )  # fmt: skip
     for status, other in ALTERNATIVES.items():

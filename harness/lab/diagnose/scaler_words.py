@@ -4,17 +4,19 @@ calibrated (a safe run's line). Its skips are read as observed.scaler_course sor
 
 from __future__ import annotations
 
-from harness.lab.diagnose.observed import Run
+from harness.lab.diagnose.observed import CALIBRATED, Run
 from harness.lab.diagnose.thresholds import SCALE_FLOOR
 
 
 def failures(run: Run) -> list[str]:
     """A scaler that failed, in words (rules' UNSTABLE): a minority of steps taken, a collapsed
-    scale, skips recurring at a scale it had settled on; none where it calibrated."""
+    scale, skips recurring at a scale it had settled on; none where it calibrated (a minority
+    of steps taken included: the look's first steps skipped, each a back-off, then steps taken,
+    Run.scaler_calibration)."""
     taken = len(run.skips) - run.skipped
     course = run.scaler_course()
     scale = f"scale {run.scale[0]:g} -> {run.scale[-1]:g}"
-    if taken * 2 <= len(run.skips):
+    if taken * 2 <= len(run.skips) and run.scaler_calibration() != CALIBRATED:
         forward = run.first_nonfinite_loss() is not None
         seeking = not course.recurrent and run.scale[-1] >= SCALE_FLOOR and not forward
         return [

@@ -69,3 +69,16 @@ SCALE_FLOOR = 1.0
 # halvings) within about 128 steps.
 RECURRENT_MIN = 2
 RECURRENT_SHARE = 1 / 8
+# A scaler that skipped the look's first steps, each halving its scale (GradScaler's documented
+# backoff_factor, 0.5, from its init_scale, 65536), with every loss finite (the scale multiplies
+# the backward only: a forward's inf is no calibration), is calibrating its guess: the initial
+# scale is meant to be too large, its first few iterations' gradients overflow and each halves
+# it until one fits, and from then on growth_interval (2000) keeps skips rare (GradScaler's
+# author, discuss.pytorch.org/t/model-training-with-automatic-mixed-precision-is-not-learning/
+# 75756; those first iterations skip optimizer.step(): pytorch/pytorch#55585). It took at most
+# half of a short look's steps without being unstable (bert_naive_softmax's loss outside
+# autocast: 5 skips from 65536 to 2048, then steps, trains as fp32 over 150 steps). It has
+# calibrated once it took CALIBRATED_TAKEN steps after its back-offs (the loss of the second is
+# the first that the stepped weights computed); with fewer, the look cannot tell.
+BACKOFF = 0.5
+CALIBRATED_TAKEN = 2

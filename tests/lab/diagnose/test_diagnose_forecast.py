@@ -295,18 +295,19 @@ def test_a_growing_gradient_is_forecast_for_every_fp16_recipe_and_not_for_bf16()
 def test_the_terminal_shows_each_fixs_code_and_an_unsettled_eps_check_as_such():
     from harness.lab.diagnose.fixes import Fix
     from harness.lab.diagnose.observed import FixCheck
+    from harness.lab.diagnose.settled import MOMENTS
     from harness.reports import diagnoses
 
     fix = Fix("half", ("norm",), adam_eps=1e-4, loss_fp32=True)
     run = Run("half", status=diagnose.OPTIMIZER_IN_FP16, reasons=["..."], loss=[1.0] * 8)
     run.fixes = [
         FixCheck(fix.describe(), diagnose.OPTIMIZER_IN_FP16, [], False, code=fix.code("cpu"),
-                 settled=False),
+                 settled=False, unsettled=MOMENTS),
         FixCheck("use amp-fp16", SAFE, [], True),
     ]  # fmt: skip
     found = Diagnosis("f", "cpu", torch.__version__, 8, {"fp32": Run("fp32"), "half": run})
     shown = diagnoses.render(found, 200, False)
-    assert "-> keep the optimizer state in fp32 (not settled in 8 steps:" in shown, shown
+    assert "-> keep the optimizer state in fp32 (not settled in 8 steps: only AdamW's" in shown
     for line in fix.code("cpu"):  # every line of the code, where it goes included
         assert f"          {line}\n" in shown
     assert "keep_in_fp32(model.get_submodule('norm'))" in shown

@@ -527,8 +527,10 @@ def test_a_table_claiming_less_than_a_baseline_is_caught(scenario_needs, monkeyp
 
 def hardware_rows_against(baseline: dict) -> list[str]:
     """Each CPU row that follows the hardware (a oneDNN level, or NOT_EXPECTED) held against
-    what the baseline's probes saw on its class: expected there exactly where it worked. A
-    baseline from before capabilities were recorded holds nothing."""
+    what the baseline's probes saw on its class: expected there exactly where it worked, a row
+    with `unheld_from` not expected where oneDNN was held below that level on silicon that
+    reaches it (the session's own rule, harness.lab.machine.device). A baseline from before
+    capabilities were recorded holds nothing."""
     facts = baseline["fingerprint"]
     if facts.get("device") != "cpu" or "cpu.onednn_isa" not in facts:
         return []
@@ -542,6 +544,10 @@ def hardware_rows_against(baseline: dict) -> list[str]:
         expected = bool(
             row and release >= row.torch and levels.level_rank(level) >= levels.level_rank(row.cpu)
         )
+        if expected and row.unheld_from:  # oneDNN held below a level the silicon reaches
+            silicon = machine_cpu.best_level(facts.get("cpu.instructions", "").split())
+            reached = levels.level_rank(silicon) >= levels.level_rank(row.unheld_from)
+            expected = not reached or levels.level_rank(level) >= levels.level_rank(row.unheld_from)
         seen = facts.get(f"capability.{need}") == "yes"
         if expected != seen:
             wrong.append(
