@@ -644,8 +644,10 @@ def test_a_broken_inductor_is_a_regression_and_a_missing_compiler_a_skip(
     assert [r["outcome"] for r in records] == ["capability-regression"]
 
     devices.probe.cache_clear()
-    monkeypatch.setattr(config.cpp, "cxx", (None, str(pytester.path / "no-compiler")))
-    result = run_scenario(*_COMPILED_TEST, "-rs", plugins=(_INDUCTOR_ONLY,))
+    # config.patch, not monkeypatch.setattr: undoing a setattr on inductor's config proxy
+    # deletes the option, and every later compile in the process fails ("cpp.cxx does not exist").
+    with config.patch({"cpp.cxx": (None, str(pytester.path / "no-compiler"))}):
+        result = run_scenario(*_COMPILED_TEST, "-rs", plugins=(_INDUCTOR_ONLY,))
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines([f"*needs {text}: this machine lacks*no C++ compiler*"])
 
