@@ -34,9 +34,10 @@ _STEPS = 4
 @contextlib.contextmanager
 def _arm(fn: Callable, control: bool, backend: str = "inductor") -> Iterator[tuple[Callable, str]]:
     """The two paths of a parity reproduction: `fn` run eagerly (the control), or compiled
-    afresh with `backend`; with the arm's name for the evidence. Flush-to-zero is kept as it
-    was (2.4's inductor kernels turn it on for the whole process)."""
-    with torch_compile.denormals_kept():
+    afresh with `backend` into a fresh inductor cache (nothing compiled before, under another
+    CPU class or release, is served); with the arm's name for the evidence. Flush-to-zero is
+    kept as it was (2.4's inductor kernels turn it on for the whole process)."""
+    with torch_compile.fresh_cache_dir(), torch_compile.denormals_kept():
         yield (fn, "eager") if control else (torch_compile.fresh(fn, backend), backend)
 
 
