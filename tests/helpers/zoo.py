@@ -89,14 +89,21 @@ def gpt2(attention: str = "sdpa", seed: int = 0) -> Subject:
     return Subject(_Logits(GPT2LMHeadModel(config)), _tokens(), _token_loss)
 
 
-def bert(seed: int = 0) -> Subject:
-    from transformers import BertConfig, BertForMaskedLM
+def _small_bert_config():
+    """The zoo's BERT: two layers of 64, the vocabulary and length of its token tasks."""
+    from transformers import BertConfig
 
-    torch.manual_seed(seed)
-    config = BertConfig(
+    return BertConfig(
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=128, max_position_embeddings=LENGTH,
     )  # fmt: skip
+
+
+def bert(seed: int = 0) -> Subject:
+    from transformers import BertForMaskedLM
+
+    torch.manual_seed(seed)
+    config = _small_bert_config()
     return Subject(_Logits(BertForMaskedLM(config)), _tokens(), _token_loss)
 
 
@@ -323,13 +330,10 @@ def _token_classes(seed: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]
 
 
 def bert_naive_softmax(seed: int = 0) -> Subject:
-    from transformers import BertConfig, BertModel
+    from transformers import BertModel
 
     torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=128, max_position_embeddings=LENGTH,
-    )  # fmt: skip
+    config = _small_bert_config()
     return Subject(CosineClassifier(BertModel(config)), _token_classes(), _naive_cross_entropy)
 
 

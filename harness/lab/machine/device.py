@@ -197,8 +197,7 @@ class DeviceInfo:
 
     def _held_below(self, level: str | None) -> bool:
         """Whether oneDNN runs below `level` on a CPU whose silicon reaches it."""
-        reached = level_rank(self.silicon_level) >= level_rank(level or "")
-        return level is not None and reached and level_rank(self.onednn_level) < level_rank(level)
+        return held_below(self.silicon_level, self.onednn_level, level)
 
     def datasheet(self) -> Identified | None:
         """This GPU's entry in harness/lab/machine/gpus.json, with how sure that is; None on the
@@ -263,3 +262,11 @@ def resolve(choice: str, option: str = "--amp-device") -> DeviceInfo:
             "or on a machine with an NVIDIA GPU and a CUDA build of torch."
         )
     return probe(choice)
+
+
+def held_below(silicon: str, onednn: str, level: str | None) -> bool:
+    """Whether oneDNN, running at `onednn`, is held below `level` on silicon (its best level
+    `silicon`) that reaches it: the rule for a row's `unheld_from`, for a session and for a
+    baseline's recorded facts alike."""
+    reached = level_rank(silicon) >= level_rank(level or "")
+    return level is not None and reached and level_rank(onednn) < level_rank(level)

@@ -23,6 +23,7 @@ from harness.lab import devices, releases
 from harness.lab.devices import DeviceInfo, Probe
 from harness.lab.machine import capabilities, levels, probes
 from harness.lab.machine import cpu as machine_cpu
+from harness.lab.machine import device as machine_device
 from harness.lab.machine import gpu as machine_gpu
 from harness.lab.machine.gpus import GpuFigures
 
@@ -544,10 +545,8 @@ def hardware_rows_against(baseline: dict) -> list[str]:
         expected = bool(
             row and release >= row.torch and levels.level_rank(level) >= levels.level_rank(row.cpu)
         )
-        if expected and row.unheld_from:  # oneDNN held below a level the silicon reaches
-            silicon = machine_cpu.best_level(facts.get("cpu.instructions", "").split())
-            reached = levels.level_rank(silicon) >= levels.level_rank(row.unheld_from)
-            expected = not reached or levels.level_rank(level) >= levels.level_rank(row.unheld_from)
+        silicon = machine_cpu.best_level(facts.get("cpu.instructions", "").split())
+        expected = expected and not machine_device.held_below(silicon, level, row.unheld_from)
         seen = facts.get(f"capability.{need}") == "yes"
         if expected != seen:
             wrong.append(

@@ -65,9 +65,8 @@ def journal_types(pytester: pytest.Pytester) -> list[str]:
 
 def test_a_probe_that_hangs_is_stopped_at_the_limit_and_the_session_records(pytester, monkeypatch):
     monkeypatch.setattr(team, "PROBE_LIMIT_S", 0.5)
-    started = time.monotonic()
+    # A hang never returns: that the run returns, saying the limit stopped it, is the check.
     result = run(pytester, "time.sleep(10**6)")
-    assert time.monotonic() - started < 60  # it ended: before the fix it never did
     result.assert_outcomes(errors=1)  # expected on the CPU, and no answer: a regression
     result.stdout.fnmatch_lines(["*the team's tool*it did not answer within 0.5 s*"])
     assert journal_types(pytester) == ["session", "record", "session_end"]
