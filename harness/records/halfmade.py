@@ -44,7 +44,7 @@ def set_aside(store: Path, uri: str) -> Path:
     while aside.exists():
         n += 1
         aside = store.with_name(f"{store.name}.{SUFFIX}-{stamp}-{n}")
-    _forget_engine(uri)
+    forget_engine(uri)
     for side in _SIDE_FILES:
         source = store.with_name(store.name + side)
         if source.exists():
@@ -74,7 +74,7 @@ def _known(revision: str) -> bool:
         return False
 
 
-def _forget_engine(uri: str) -> None:
+def forget_engine(uri: str) -> None:
     """MLflow keeps one SQLAlchemy engine per store URI for the life of the process, its pooled
     connections open on the file: after a rename they would go on reading the old one."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore

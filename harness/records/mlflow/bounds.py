@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 
 from harness.common.errors import HarnessError
 from harness.records import halfmade
+from harness.records.mlflow import empty_store
 from harness.records.mlflow.locks import _locked
 from harness.records.mlflow.uris import command_line, redact, sqlite_path
 
@@ -174,29 +175,46 @@ def _mlflow_client(uri: str, set_aside: list[str] | None):
     # its store itself at its end.
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     with _locked(store.with_name(f".{store.name}.lock")):
+        copied = empty_store.copy_to(store)  # a new store: a copy of MLflow's empty one
         try:
             made = MlflowClient(tracking_uri=uri)
         except Exception as exc:
-            if not halfmade.half_made(store, exc):
+            if copied:  # MLflow cannot open the cached copy: it makes the store itself
+                empty_store.forget(store, uri)
+                copied, made = False, MlflowClient(tracking_uri=uri)
+            elif halfmade.half_made(store, exc):
+                copied, made = _made_anew(store, uri, exc, set_aside)
+            else:
                 raise
-            aside = halfmade.set_aside(store, uri)
-            made = MlflowClient(tracking_uri=uri)
-            note = (
-                f"the store {store} was half-made ({reason(exc)}: a session or sync was "
-                f"stopped while MLflow created its tables): set aside as {aside} (nothing "
-                "deleted) and made anew"
-            )
-            if set_aside is not None:
-                set_aside.append(note)
-            else:  # a reader (the report): said on stderr, with what refills the store
-                sync = command_line("sync", reports=store.parent, uri=uri)
-                log.warning("MLflow: %s; %s fills it from the journal", note, sync)
+        if copied:
+            empty_store.adopt(made)
     for folder in stray:  # the deepest first; a folder with anything in it stays
         try:
             folder.rmdir()
         except OSError:
             break
     return made
+
+
+def _made_anew(store: Path, uri: str, failure: Exception, set_aside: list[str] | None):
+    """A half-made store (halfmade) set aside and made anew: whether it is a copy (copied),
+    and MLflow's client on it. What was done is said: in `set_aside`, or on stderr."""
+    from mlflow import MlflowClient
+
+    aside = halfmade.set_aside(store, uri)
+    copied = empty_store.copy_to(store)
+    made = MlflowClient(tracking_uri=uri)
+    note = (
+        f"the store {store} was half-made ({reason(failure)}: a session or sync was "
+        f"stopped while MLflow created its tables): set aside as {aside} (nothing "
+        "deleted) and made anew"
+    )
+    if set_aside is not None:
+        set_aside.append(note)
+    else:  # a reader (the report): said on stderr, with what refills the store
+        sync = command_line("sync", reports=store.parent, uri=uri)
+        log.warning("MLflow: %s; %s fills it from the journal", note, sync)
+    return copied, made
 
 
 # --- every MLflow call ---------------------------------------------------------------------

@@ -23,6 +23,9 @@ from harness.records.mlflow.runs import _complete, _has_copies, main_parent
 from harness.records.mlflow.sink import MlflowSink
 from harness.records.mlflow.sqlite_store import commit_without_fsync
 
+# Records written in one go (one transaction on an SQL store: MlflowSink.log_records)
+BATCH = 500
+
 
 def sync(
     sink: MlflowSink, journal: Journal, on_wait: Callable[[], None] | None = None
@@ -87,21 +90,21 @@ def _sync_session(
     if sink.down:
         return
     counts["records_replaced"] += len({r.data.tags["amp.record_id"] for r in half} - complete)
-    for record in session.records:
-        if record.record_id in complete:
-            counts["records_present"] += 1
-            continue
-        refused, sent = len(sink.refused), True
-        sink.log_record(session.entry, record)
+    missing = [r for r in session.records if r.record_id not in complete]
+    counts["records_present"] += len(session.records) - len(missing)
+    for start in range(0, len(missing), BATCH):
+        batch, refused, sent = missing[start : start + BATCH], len(sink.refused), True
+        sink.log_records(session.entry, batch)
         if sink.down:
             return
-        counts["records_refused" if len(sink.refused) > refused else "records_sent"] += 1
+        counts["records_refused"] += len(sink.refused) - refused
+        counts["records_sent"] += len(batch) - (len(sink.refused) - refused)
     if session.end:
         sink._guard("ending the session run", sink._end_session, session.entry, session.end)
     elif sink._guard("ending an unfinished session run", _end_unfinished, sink, session):
         counts["sessions_killed"] += 1
     sid = session.entry["session_id"]
-    if sent or _has_copies(present):  # what this sync sent may have been made twice too
+    if (sent and sink.may_copy) or _has_copies(present):  # what it sent may be there twice
         counts["copies_deleted"] += sink._guard("deleting runs made twice",
                                                 sink._drop_copies, sid) or 0  # fmt: skip
 

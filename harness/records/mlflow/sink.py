@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 from harness.catalogue import claims, verdicts
 from harness.common.errors import HarnessError
 from harness.records import journal_index
-from harness.records.mlflow import bounds, uris
+from harness.records.mlflow import bounds, rows, uris
 from harness.records.mlflow.bounds import (
     COMMAND,
     SESSION,
@@ -112,6 +112,7 @@ class MlflowSink:
         self._experiment_id: str | None = None
         self._views_saved = False  # the experiment holds views(): links open BY_CLAIM
         self._parents: dict[str, str] = {}  # session id -> parent run id
+        self._rows: rows.Table | bool | None = None  # the experiment's SQL table; False: none
 
     def _stop(self, down: str, exc: Exception | None = None) -> None:
         """MLflow off for the rest of the session, for `down` (caused by `exc`)."""
@@ -276,6 +277,7 @@ class MlflowSink:
         self._guard("creating the session run", self._parent, session)
 
     def log_record(self, session: dict, record: Record) -> None:
+        """One result through MLflow's client (log_records writes a batch of them at once)."""
         self._guard(f"logging {record.test}", self._log_record, session, record, refusable=True)
 
     def mark_session(self, session: dict, present: list | None = None) -> int | None:
@@ -299,16 +301,86 @@ class MlflowSink:
 
     def end_session(self, session: dict, end: dict) -> None:
         self._guard("ending the session run", self._end_session, session, end)
-        self._guard("deleting runs made twice", self._drop_copies, session["session_id"])
+        if self.may_copy:
+            self._guard("deleting runs made twice", self._drop_copies, session["session_id"])
 
     def _drop_copies(self, session_id: str) -> int:
         """Delete the runs of the session made twice (`runs.drop_copies`): how many."""
         present = self._session_runs(session_id)
         return drop_copies(self.client, present, self._parents.get(session_id))
 
+    def log_records(self, session: dict, records: list[Record]) -> None:
+        """Each of `records` as a complete run of the session: all in one transaction where the
+        store is SQL (rows.Table), else one after another through MLflow's client. A result
+        MLflow refuses is listed in `refused`; any other failure turns the sink off."""
+        table = self._guard("opening the experiment's runs", self._table) if records else None
+        if table is None:  # MLflow is down, or not an SQL store with its files in a folder
+            for record in records:
+                self.log_record(session, record)
+            return
+        batch, refused = [], []
+        for record in records:
+            run = self._guard(f"logging {record.test}", self._new_run, session, record)
+            if run is None:
+                return
+            run.tags[COMPLETE] = "true"  # it is written whole or not at all
+            try:
+                table.check(run)
+                batch.append((record, run))
+            except rows.Refused:  # logged through MLflow's client, which says why it refuses
+                refused.append(record)
+        what = batch[0][0].test if len(batch) == 1 else f"{len(batch)} results"
+        self._guard(f"logging {what}", table.write, [run for _, run in batch])
+        if self.down:
+            return
+        for record, run in batch:
+            self._note_downsampled(record, run)
+        for record in refused:
+            self.log_record(session, record)
+
+    @property
+    def may_copy(self) -> bool:
+        """Whether a run may have been made twice: sent through MLflow's client, whose request
+        retried after a cut answer makes it again (runs.drop_copies); rows never are."""
+        return not self._rows
+
+    def _table(self) -> rows.Table | None:
+        if self._rows is None:
+            self._rows = rows.Table.of(self.client, self.experiment_id()) or False
+        return self._rows or None
+
     def _log_record(self, session: dict, record: Record) -> None:
+        """One result through MLflow's client: four calls, the completion tag last."""
         from mlflow.entities import Metric, Param, RunTag
 
+        run = self._new_run(session, record)
+        tags = {**run.tags, COMPLETE: "false"}
+        run_id = self.client.create_run(self.experiment_id(), run.started, tags).info.run_id
+        try:
+            metrics = [Metric(k, v, stamp, step) for k, v, stamp, step in run.metrics]
+            params = [Param(k, v) for k, v in run.params.items()]
+            self._log_files(run_id, run)
+            self.client.set_terminated(run_id, run.status, run.ended)
+            # One call for every metric and history of the test (per-step calls cost ~40x more)
+            # and, last, the completion tag: MLflow writes a batch's tags after its params and
+            # metrics. A batch MLflow's client would split (tags go with the first part) ends
+            # with a call of its own for the tag.
+            done = [RunTag(COMPLETE, "true")]  # the run counts from here on
+            if _one_batch(metrics, params, done):
+                self.client.log_batch(run_id, metrics=metrics, params=params, tags=done)
+            else:
+                self.client.log_batch(run_id, metrics=metrics, params=params)
+                self.client.log_batch(run_id, tags=done)
+        except Exception as exc:
+            if _refused(exc):  # MLflow answered and said no: no half run left to look complete
+                with contextlib.suppress(Exception):
+                    self.client.delete_run(run_id)
+            raise
+        self._note_downsampled(record, run)
+
+    def _new_run(self, session: dict, record: Record) -> rows.NewRun:
+        """The run of a result, complete: its tags, params, metrics and histories (each at most
+        HISTORY_POINTS points, the cut ones named in DOWNSAMPLED), its end and its files."""
         parent = self._parent(session)
         found = verdicts.of_record(record)  # each claim's status, as it counts
         tags = {
@@ -319,7 +391,6 @@ class MlflowSink:
             "amp.session_id": session["session_id"],
             "amp.record_id": record.record_id,
             "amp.test": record.test,
-            COMPLETE: "false",
             "claims": ",".join(record.claims),
             "outcome": record.outcome,
             "outcome.message": record.message,
@@ -339,55 +410,46 @@ class MlflowSink:
                if len(points) < len(record.histories[name])}  # fmt: skip
         if cut:
             tags[DOWNSAMPLED] = ", ".join(f"{name} ({n:,} steps)" for name, n in cut.items())
-        run_id = self.client.create_run(
-            self.experiment_id(), int(record.started * 1000), _clean(tags)
-        ).info.run_id
-        try:
-            stamp = int(record.ended * 1000)
-            metrics = [Metric(k, v, stamp, 0) for k, v in record.metrics.items()]
-            metrics += [
-                Metric(k, v, stamp, step) for k, points in sent.items() for step, v in points
-            ]
-            params = [Param(k, v) for k, v in {**record.params, "device": record.device}.items()]
-            self._log_files(run_id, record)
-            self.client.set_terminated(run_id, _STATUS[record.outcome], stamp)
-            # One call for every metric and history of the test (per-step calls cost ~40x more)
-            # and, last, the completion tag: MLflow writes a batch's tags after its params and
-            # metrics. A batch MLflow's client would split (tags go with the first part) ends
-            # with a call of its own for the tag.
-            done = [RunTag(COMPLETE, "true")]  # the run counts from here on
-            if _one_batch(metrics, params, done):
-                self.client.log_batch(run_id, metrics=metrics, params=params, tags=done)
-            else:
-                self.client.log_batch(run_id, metrics=metrics, params=params)
-                self.client.log_batch(run_id, tags=done)
-        except Exception as exc:
-            if _refused(exc):  # MLflow answered and said no: no half run left to look complete
-                with contextlib.suppress(Exception):
-                    self.client.delete_run(run_id)
-            raise
-        if cut:
-            self._note_downsampled(record.test, cut)
+        stamp = int(record.ended * 1000)
+        metrics = [(k, v, stamp, 0) for k, v in record.metrics.items()]
+        metrics += [(k, v, stamp, step) for k, points in sent.items() for step, v in points]
+        return rows.NewRun(
+            tags=_clean(tags),
+            params={**record.params, "device": record.device},
+            metrics=metrics,
+            started=int(record.started * 1000),
+            ended=stamp,
+            status=_STATUS[record.outcome],
+            files=lambda folder: self._stage_files(record, folder),
+            cut=cut,
+        )
 
-    def _log_files(self, run_id: str, record: Record) -> None:
-        """The record's record.json and its figures (figures/NAME), in one upload: a call each
-        cost a request each (a transaction and a copy each on the embedded store)."""
+    def _log_files(self, run_id: str, run: rows.NewRun) -> None:
+        """The run's files in one upload: a call each cost a request each (a transaction and a
+        copy each on the embedded store)."""
         with tempfile.TemporaryDirectory(prefix="amp-harness-") as staged:
-            folder = Path(staged)
-            (folder / "record.json").write_text(
-                redact(json.dumps(record.to_dict(), indent=1)), encoding="utf-8"
-            )
-            for name in record.figures:
-                path = record.artifact_dir / name
-                if path.exists():
-                    (folder / "figures").mkdir(exist_ok=True)
-                    shutil.copyfile(path, folder / "figures" / Path(name).name)
-                else:
-                    log.warning("%s: figure %s is gone; not logged", record.test, path)
+            run.files(Path(staged))
             self.client.log_artifacts(run_id, staged)
 
-    def _note_downsampled(self, test: str, cut: dict[str, int]) -> None:
+    @staticmethod
+    def _stage_files(record: Record, folder: Path) -> None:
+        """A result's files as its run holds them: record.json and its figures (figures/NAME)."""
+        (folder / "record.json").write_text(
+            redact(json.dumps(record.to_dict(), indent=1)), encoding="utf-8"
+        )
+        for name in record.figures:
+            path = record.artifact_dir / name
+            if path.exists():
+                (folder / "figures").mkdir(exist_ok=True)
+                shutil.copyfile(path, folder / "figures" / Path(name).name)
+            else:
+                log.warning("%s: figure %s is gone; not logged", record.test, path)
+
+    def _note_downsampled(self, record: Record, run: rows.NewRun) -> None:
         """One line in `notes` for every test whose histories MLflow got fewer points of."""
+        if not run.cut:
+            return
+        test, cut = record.test, run.cut
         self._downsampled.append(
             f"{test} ({', '.join(f'{name}: {steps:,} steps' for name, steps in cut.items())})"
         )

@@ -36,7 +36,11 @@ FLUSH_S = 30.0
 # Results waiting for the thread; past that (a server far slower than the tests) a result is
 # left to `sync` rather than held in memory or waited for.
 CAPACITY = 10_000
+# Results written in one go (one transaction on an SQL store): those queued while the last
+# batch was written, as many as a session's tests finished meanwhile.
+BATCH = 500
 _END = None  # in the queue: nothing comes after it
+_DRAINED = object()  # nothing was taken from the queue after a batch
 
 
 class Writer:
@@ -152,11 +156,14 @@ class Writer:
         bounds.ignore_foreign_in_this_thread()
         try:
             self.sink = MlflowSink(self.uri, self.experiment, self.reports)
-            while not self._stop.is_set():
+            item = self._queue.get()
+            while not self._stop.is_set() and item is not _END:
+                kind, session, payload = item
+                if kind == "record":  # with those queued behind it: then the next item
+                    item = self._log_waiting(session, payload)
+                    continue
+                self._handle(kind, session, payload, parent_run)
                 item = self._queue.get()
-                if item is _END:
-                    return
-                self._handle(*item, parent_run)
         except Exception as exc:  # noqa: BLE001 - a bug here must not end the session
             log.exception("MLflow writer stopped")
             if self.sink is not None and not self.sink.down:
@@ -164,6 +171,26 @@ class Writer:
         finally:
             self._started.set()
             bounds.ignore_foreign_in_this_thread(False)
+
+    def _log_waiting(self, session: dict, record: Record):
+        """`record` and the session's results queued behind it (BATCH at most) in one write
+        (MlflowSink.log_records: one transaction on an SQL store); then the queue's next item,
+        waited for."""
+        batch, after = [record], _DRAINED
+        while len(batch) < BATCH and after is _DRAINED and not self._queue.empty():
+            item = self._queue.get_nowait()  # the only reader: what was there is still there
+            if item is not _END and item[0] == "record" and item[1] is session:
+                batch.append(item[2])
+            else:
+                after = item
+        started = time.monotonic()
+        self.sink.log_records(session, batch)
+        if not self.sink.down:  # else they are in the journal, said in `down`: sync sends them
+            with self._lock:
+                for done in batch:
+                    self.unsent.pop(done.record_id, None)
+        log.debug("MLflow: %d results logged in %.2f s", len(batch), time.monotonic() - started)
+        return self._queue.get() if after is _DRAINED else after
 
     def _handle(self, kind: str, session: dict, payload, parent_run: str | None) -> None:
         sink = self.sink
@@ -173,12 +200,5 @@ class Writer:
             else:
                 sink.start_session(session)
             self._started.set()
-        elif kind == "record":
-            started = time.monotonic()
-            sink.log_record(session, payload)
-            if not sink.down:  # else it is in the journal, said in `down`: sync sends it
-                with self._lock:
-                    self.unsent.pop(payload.record_id, None)
-            log.debug("MLflow: %s logged in %.2f s", payload.test, time.monotonic() - started)
         else:
             sink.end_session(session, payload)

@@ -730,6 +730,31 @@ def test_the_terminal_wraps_every_reason_and_cuts_none():
     assert max(len(line) for line in shown.splitlines()) <= 80
 
 
+@pytest.mark.parametrize(
+    ("truth", "word"),
+    [
+        ("trains as fp32", "the fix held"),
+        ("differs from fp32", "not fp32's run: it trains better than fp32 here"),
+        ("harmed", "THE FIX DID NOT HOLD"),
+        ("diverges", "THE FIX DID NOT HOLD"),
+    ],
+)
+def test_a_fix_that_trains_better_than_fp32_is_neither_an_alarm_nor_held(truth, word):
+    """--verify's word for a fix: a run better than fp32 beyond its spread did no harm, and is
+    not fp32's run either; a harmed or diverging one is an alarm (the control)."""
+    from harness.lab.diagnose.observed import Diagnosis, Run
+    from harness.lab.diagnose.verify import FINE
+    from harness.reports.diagnoses import render
+
+    fix = {"fix": "amp-fp16 with attn in fp32", "truth": truth, "why": "-4.7% held-out",
+           "held": truth == FINE}  # fmt: skip
+    verify = {"steps": 150, "seeds": 16, "noise": 0.09, "held_out_noise": 0.11, "rows": [],
+              "noise_note": "", "fixes": [fix]}  # fmt: skip
+    found = Diagnosis("f", "cpu", torch.__version__, 1, {"fp32": Run("fp32")}, verify=verify)
+    shown = " ".join(render(found, 200, False).split())
+    assert f"fix amp-fp16 with attn in fp32: {truth} (-4.7% held-out): {word}" in shown, shown
+
+
 # --- fp32's seed spread, and the fix judged against fp32 with the same change -------------------
 
 

@@ -30,19 +30,19 @@ WAIT_S = 60  # a deadlock guard, far past anything the machine's load explains: 
 
 
 class Held:
-    """MlflowSink._log_record held at each result until `release`: a server as slow as a test
-    wants. `inside` is set once the writer is in the middle of a result."""
+    """MlflowSink.log_records held at each call until `release`: a server as slow as a test
+    wants. `inside` is set once the writer is in the middle of its results."""
 
     def __init__(self, monkeypatch):
         self.inside, self.release = threading.Event(), threading.Event()
-        real = MlflowSink._log_record
+        real = MlflowSink.log_records
 
-        def held(sink_, session, record):
+        def held(sink_, session, records):
             self.inside.set()
             assert self.release.wait(WAIT_S), "never released"
-            return real(sink_, session, record)
+            return real(sink_, session, records)
 
-        monkeypatch.setattr(sink.MlflowSink, "_log_record", held)
+        monkeypatch.setattr(sink.MlflowSink, "log_records", held)
 
 
 def returns_while_busy(hand_over, held: Held, session: dict, records: list) -> bool:
@@ -96,16 +96,18 @@ def test_a_logger_on_the_tests_thread_is_caught_waiting(tmp_path, empty_store, m
     session = a_session(tmp_path)
     held = Held(monkeypatch)
     inline = MlflowSink(uri, reports=tmp_path)
-    assert not returns_while_busy(inline.log_record, held, session.entry, session.records)
+    hand_over = lambda entry, record: inline.log_records(entry, [record])  # noqa: E731
+    assert not returns_while_busy(hand_over, held, session.entry, session.records)
 
 
 def test_a_writer_still_busy_at_the_end_s_bound_says_what_sync_sends(
     tmp_path, empty_store, monkeypatch
 ):
     uri, session, held, logging = a_held_writer(tmp_path, empty_store, monkeypatch)
-    for record in session.records:
+    logging.log_record(session.entry, session.records[0])
+    assert held.inside.wait(WAIT_S)  # the first in the writer's hands, the others behind it
+    for record in session.records[1:]:
         logging.log_record(session.entry, record)
-    assert held.inside.wait(WAIT_S)
     assert logging.down is None  # results on their way are no failure, until the end's bound
     logging.end_session(session.entry, session.end, flush_s=0.1)  # the writer is held
     assert logging.down.startswith(
@@ -208,16 +210,16 @@ KILL_IN_THE_WRITER = """
 import os, signal
 from harness.records.mlflow import sink
 
-real = sink.MlflowSink._log_files
+real = sink.MlflowSink._stage_files
 
 
-def killing(self, run_id, record):
-    if record.test.endswith("test_second"):  # its run made, its files and metrics not sent
+def killing(record, folder):
+    if record.test.endswith("test_second"):  # its files half-written, its run not
         os.kill(os.getpid(), signal.SIGKILL)
-    return real(self, run_id, record)
+    return real(record, folder)
 
 
-sink.MlflowSink._log_files = killing
+sink.MlflowSink._stage_files = staticmethod(killing)
 """
 
 
@@ -236,7 +238,8 @@ def test_a_session_killed_mid_result_in_the_writer_loses_nothing_and_sync_logs_e
     assert len(held) >= 2  # the journal first: the writer got only what it held
     synced = sync_in_a_new_process(reports)
     assert synced.returncode == 0, synced.stderr
-    assert "(1 replacing half-logged runs)" in synced.stdout, synced.stdout  # test_second's
+    # Its batch was one transaction, never begun: no run half-made for sync to replace.
+    assert "half-logged" not in synced.stdout, synced.stdout
     assert_each_record_once_and_whole(journal(pytester), writer_uri(reports))
     # Its run ended: from the journal's end where the tests had finished before the kill, else
     # as KILLED.
