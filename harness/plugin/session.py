@@ -40,7 +40,7 @@ class AmpSession:
     scenarios: Path
     records: list[Record] = field(default_factory=list)
     journal: Journal | None = None
-    sink: Writer | None = None  # MLflow, in a thread of its own: off the tests' path
+    sink: Writer | None = None  # MLflow, in a process of its own: off the tests' path
     running: Running | None = None  # held while it runs: `amp-harness sync` leaves it alone
     entry: dict | None = None  # the journal's session entry, once tracking is open
     saved_threads: int | None = None
@@ -75,6 +75,7 @@ class AmpSession:
                 uri = resolve_uri(self.config.getoption("tracking_uri"), self.reports)
                 self.sink = Writer(uri, self.config.getoption("amp_experiment"), self.reports,
                                    parent_run=xdist.get("amp_parent_run"))  # fmt: skip
+                self.config.add_cleanup(self.sink.close)
                 self.sink.start_session(self.entry)
             return
         facts = fingerprint.collect(
@@ -103,8 +104,9 @@ class AmpSession:
         self.config.add_cleanup(self.running.close)  # also when the session stops on an error
         self.journal.keep(self.entry)
         self.journal.append(self.entry)
-        if uri:  # `import mlflow` and the store's opening: in the writer's thread
+        if uri:  # `import mlflow` and the store's opening: in the writer's process
             self.sink = Writer(uri, self.config.getoption("amp_experiment"), self.reports)
+            self.config.add_cleanup(self.sink.close)  # a session that never reached its end
             self.sink.start_session(self.entry)
 
     def left_out(self, recorded: set[str]) -> list[str]:

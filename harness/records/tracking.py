@@ -8,7 +8,7 @@ name, description and tags, the points of a long history MLflow gets), `sink` (M
 session logged live), `replay` (`sync`: the journal replayed into MLflow), `runs` (the runs
 MLflow holds, read back: searched, a session's main parent, copies deleted), `sqlite_store`
 (the embedded store's writability, fsync and moved artifact paths) and `writer` (Writer: a
-session's sink in a thread of its own, off the tests' path). This module re-exports
+session's sink in a process of its own, off the tests' path). This module re-exports
 what the rest of the harness and its tests import from it, so that `from harness.records.tracking
 import ...` holds as it did. A test that replaces one of these names must replace it in the
 module that holds it (`bounds.client`, `uris.views`): replacing it here replaces nothing the sink

@@ -10,6 +10,7 @@ sits there, in pytest's prepend import mode). Not test modules themselves:
 - `slow_left_out`: a pytest plugin: the quick tier says what it left out, and the command for it;
 - `team_guide`: the files of docs/writing-a-scenario.md's team example, read from the guide;
 - `tracked`: sessions, journals and stores the tracking tests share, and their checks;
+- `writer`: faults put into the MLflow writer's own process (writer_hooks/sitecustomize.py);
 - `xdist_groups`: a pytest plugin: --dist loadgroup keeps each xdist_group on one worker;
 - `zoo`: models nobody here wrote, and engineered failures, for diagnose's truth benchmark;
 - `zoo_truth`: what plain training does under each recipe, the truth diagnose is judged by;

@@ -5,9 +5,11 @@ the check that a store holds each record of a journal once and whole."""
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ import urllib3.util.connection
 from harness.records import tracking
 from harness.records.journal import Journal
 from harness.records.record import Record
+from helpers.writer import in_the_writer
 
 SCENARIOS = """
 import os, signal
@@ -76,8 +79,9 @@ class MlflowCalls:
 
 @contextlib.contextmanager
 def counting_mlflow_calls() -> Iterator[MlflowCalls]:
-    """Count what the harness asks of MLflow in this process: the connections urllib3 opens (for
-    requests, under MLflow's client) and the sink's stops."""
+    """Count what the harness asks of MLflow, in this process and in the MLflow writers it
+    starts (writer_hooks): the connections urllib3 opens (for requests, under MLflow's client)
+    and the sink's stops."""
     calls = MlflowCalls()
     connect, stop = urllib3.util.connection.create_connection, tracking.MlflowSink._stop
 
@@ -94,10 +98,21 @@ def counting_mlflow_calls() -> Iterator[MlflowCalls]:
         calls.stops.append(down)
         stop(sink, down, *args, **kwargs)
 
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as folder:
         patch.setattr(urllib3.util.connection, "create_connection", counted_connect)
         patch.setattr(tracking.MlflowSink, "_stop", counted_stop)
-        yield calls
+        in_writers = Path(folder) / "calls.jsonl"
+        in_the_writer(patch, calls=str(in_writers))
+        try:
+            yield calls
+        finally:
+            for line in in_writers.read_text().splitlines() if in_writers.exists() else []:
+                said = json.loads(line)
+                if "stop" in said:
+                    calls.stops.append(said["stop"])
+                else:
+                    calls.connections.append(Connection(said["port"], said["timeout"],
+                                                        said["error"]))  # fmt: skip
 
 
 def run_session(pytester, *args: str) -> tuple[pytest.RunResult, MlflowCalls]:

@@ -16,8 +16,14 @@ of the harness imports. (Absolute imports only: inside this package, `mlflow` is
   runs logged afresh, the runs of killed sessions ended;
 - `runs`: the runs MLflow holds, read back: searched page by page, a session's main parent run,
   whether a test's run is complete, the copies a retried request made deleted;
-- `writer`: Writer, a session's sink in a thread of its own: the tests never wait for MLflow;
-  at the session's end it is waited for within a bound, and what it did not send is said;
+- `rows`: complete runs written into an SQL store in one transaction, MLflow's own tables and
+  checks, past its client's four calls a run (the sink's way on the embedded store);
+- `writer`: Writer, a session's sink in a process of its own: the tests never wait for MLflow
+  nor share their interpreter with it; at the session's end it is waited for within a bound,
+  and what it did not send is said;
+- `writer_process`: that process: the session's items read from stdin, logged in batches, what
+  the session's end says written back;
 - `sqlite_store`: the embedded store where the harness reaches past MLflow: writable or not,
-  `sync`'s commits without fsync, its artifact paths following a moved store.
+  `sync`'s commits without fsync, its artifact paths following a moved store;
+- `empty_store`: a new embedded store, a copy of an empty one MLflow made once per release.
 """

@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import socket
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -223,87 +222,15 @@ def _made_anew(store: Path, uri: str, failure: Exception, set_aside: list[str] |
 _NOT_THE_HARNESS = r"(?!harness(\.|$))"
 
 
-_thread = threading.local()  # .filter: this thread's own (ignore_foreign_in_this_thread)
-_own: list[tuple] = []  # the filters of the threads that keep their own, kept first
-
-
-class _ForeignInThread:
-    """A warnings filter's module pattern (the filter calls its `match`) that matches a module
-    other than the harness's, in the thread that made it only."""
-
-    def __init__(self):
-        self.thread = threading.current_thread()
-        self.foreign = re.compile(_NOT_THE_HARNESS)
-
-    def match(self, module: str) -> bool:
-        return threading.current_thread() is self.thread and bool(self.foreign.match(module))
-
-
-def ignore_foreign_in_this_thread(on: bool = True) -> None:
-    """From here on, foreign warnings are ignored in this thread (the MLflow writer's), by a
-    filter that matches in it alone, kept first among the filters in force; its calls in
-    foreign_warnings_ignored take no catch_warnings. That swaps the filters of the whole
-    process: in a thread beside the tests, it put back as it ended filters a test had replaced
-    since (pytest records each test's warnings with its own), and a test's filters, put first
-    as it began, caught the thread's warnings (MLflow off under -W error). Off (`on` False):
-    the filter taken out."""
-    own = getattr(_thread, "filter", None)
-    if on:
-        _thread.filter = ("ignore", None, Warning, _ForeignInThread(), 0)
-        _own.append(_thread.filter)
-        _keep_first()
-        _first()
-        return
-    _thread.filter = None
-    with contextlib.suppress(ValueError):
-        _own.remove(own)
-        warnings.filters.remove(own)
-        warnings._filters_mutated()
-
-
-def _keep_first() -> None:
-    """The threads' own filters put first again after each filter added (`simplefilter`,
-    `filterwarnings`, as a test's catch_warnings begins): they match in their thread alone, so
-    first changes nothing for any other. Once; where warnings adds them through _add_filter
-    (CPython 3.9-3.13), else only as each call begins (_first)."""
-    add = getattr(warnings, "_add_filter", None)
-    if add is None or getattr(add, "amp_keeps_first", False):
-        return
-
-    @functools.wraps(add)
-    def kept_first(*item, append):
-        add(*item, append=append)
-        _first()
-
-    kept_first.amp_keeps_first = True
-    warnings._add_filter = kept_first
-
-
-def _first() -> None:
-    """The threads' own filters first among the filters in force (a catch_warnings, ended
-    since, put back a list without them)."""
-    filters = warnings.filters
-    if filters[: len(_own)] == _own:
-        return
-    for own in _own:
-        with contextlib.suppress(ValueError):
-            filters.remove(own)
-    filters[:0] = _own
-    warnings._filters_mutated()
-
-
 @contextlib.contextmanager
 def foreign_warnings_ignored() -> Iterator[None]:
     """The block with every warning of a module other than the harness's ignored, the warnings
     filters as they were before and after it. For the harness's MLflow calls: a user's `-W error`
     or `filterwarnings = error` made MLflow's own warnings (SQLAlchemy's deprecation of `noload`,
     as MLflow opens any store) exceptions, and MLflow was off in every session. What the
-    harness itself calls wrongly still warns, and the user's filters hold for it. In the MLflow
-    writer's thread: its own filter (ignore_foreign_in_this_thread)."""
-    if getattr(_thread, "filter", None) is not None:
-        _first()
-        yield
-        return
+    harness itself calls wrongly still warns, and the user's filters hold for it. (Not thread-
+    safe before Python 3.14, as catch_warnings is not: the session's MLflow calls run in the
+    writer's own process, `writer_process`.)"""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", module=_NOT_THE_HARNESS)
         yield

@@ -1,15 +1,18 @@
-"""MLflow, downstream of the journal: MlflowSink logs a session live (in the thread of its
-Writer, `writer`, off the tests' path), one parent run per session and one child run per test.
+"""MLflow, downstream of the journal: MlflowSink logs a session live (in the process of its
+Writer, `writer_process`, off the tests' path), one parent run per session and one child run
+per test.
 
 Every call is bounded (`bounds`) and the first failure turns the sink off for the rest of the
 session: results keep going to the journal, and `amp-harness sync` (`replay`) replays what MLflow
 lacks. Live logging and sync share one code path, keyed by the `amp.session_id` and
 `amp.record_id` tags, so replaying twice never duplicates a run.
 
-A child run counts as logged only once it is complete: it is created with `amp.complete=false`
-(MLflow creates a run before its metrics and files can be sent) and the tag turns `true` as the
-last call, after its metrics, artifacts and end. At a session's end the runs a retried request
-made twice are deleted (`runs.drop_copies`).
+A child run counts as logged only once it is complete. Into an SQL store (the embedded SQLite
+store, a database URI) the session's results go as rows (`rows`): each run whole, a batch of
+them in one transaction, complete or absent. Through a tracking server MLflow's client makes a
+run before its metrics and files can be sent: it is created with `amp.complete=false` and the
+tag turns `true` as the last call, after its metrics, artifacts and end; at a session's end the
+runs a retried request made twice are deleted (`runs.drop_copies`).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from helpers.tracked import (
     sync_in_a_new_process,
     write_journal,
 )
+from helpers.writer import in_the_writer
 from test_retried_requests import raised_as_mlflow_does
 
 from harness.records import tracking
@@ -173,7 +174,7 @@ def test_an_mlflow_that_cannot_be_imported_leaves_the_journal(pytester, monkeypa
     """An incomplete install (seen: a GPU runner's wheelhouse without protobuf) is said once,
     with the fix; the session runs on the journal alone instead of stopping with an internal
     error, and `amp-harness sync` sends it later."""
-    monkeypatch.setitem(sys.modules, "mlflow", None)  # `from mlflow import ...` raises
+    in_the_writer(monkeypatch, mlflow="missing")  # `from mlflow import ...` raises there
     result, _ = run_session(pytester)
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines(
@@ -556,14 +557,7 @@ def test_a_store_locked_by_another_process_leaves_the_journal(pytester, empty_st
 
 
 def test_a_full_disk_under_the_store_leaves_the_journal(pytester, monkeypatch):
-    import sqlite3
-
-    from harness.records.mlflow import bounds
-
-    def full(uri, set_aside=None):
-        raise sqlite3.OperationalError("database or disk is full")
-
-    monkeypatch.setattr(bounds, "client", full)  # where the sink looks it up
+    in_the_writer(monkeypatch, store="full")  # the writer's store cannot be opened
     result, _ = run_session(pytester)
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines(["MLflow: cannot open the store * (database or disk is full); "

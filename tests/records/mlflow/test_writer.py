@@ -5,9 +5,8 @@ killed in the middle of a result loses nothing. Counted and ordered, never timed
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import warnings
+import time
 from pathlib import Path
 
 import pytest
@@ -20,29 +19,55 @@ from helpers.tracked import (
     sync_in_a_new_process,
     write_journal,
 )
-from test_warnings_as_errors import warn_from
+from helpers.writer import in_the_writer
 
 from harness.records.journal import Journal
-from harness.records.mlflow import bounds, sink
+from harness.records.mlflow import sink
 from harness.records.tracking import MlflowSink, Writer, sync
 
 WAIT_S = 60  # a deadlock guard, far past anything the machine's load explains: never a measure
 
 
 class Held:
-    """MlflowSink.log_records held at each call until `release`: a server as slow as a test
-    wants. `inside` is set once the writer is in the middle of its results."""
+    """Each batch of MlflowSink.log_records held until `release()`: a server as slow as a test
+    wants; `entered(timeout)` once the sink is in the middle of its results. In the writer's
+    process (`in_the_writer`), or in this one (`here`, for a sink called on the tests' thread)."""
 
-    def __init__(self, monkeypatch):
-        self.inside, self.release = threading.Event(), threading.Event()
-        real = MlflowSink.log_records
+    def __init__(self, folder: Path):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
 
-        def held(sink_, session, records):
-            self.inside.set()
-            assert self.release.wait(WAIT_S), "never released"
+    @classmethod
+    def in_the_writer(cls, tmp_path, monkeypatch) -> Held:
+        held = cls(tmp_path / "hold")
+        in_the_writer(monkeypatch, hold=str(held.folder))
+        return held
+
+    @classmethod
+    def here(cls, tmp_path, monkeypatch) -> Held:
+        held, real = cls(tmp_path / "hold"), MlflowSink.log_records
+
+        def holding(sink_, session, records):
+            (held.folder / "inside").touch()
+            assert held.wait_for("release", WAIT_S), "never released"
             return real(sink_, session, records)
 
-        monkeypatch.setattr(sink.MlflowSink, "log_records", held)
+        monkeypatch.setattr(sink.MlflowSink, "log_records", holding)
+        return held
+
+    def wait_for(self, name: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not (self.folder / name).exists():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def entered(self, timeout: float = WAIT_S) -> bool:
+        return self.wait_for("inside", timeout)
+
+    def release(self) -> None:
+        (self.folder / "release").touch()
 
 
 def returns_while_busy(hand_over, held: Held, session: dict, records: list) -> bool:
@@ -56,10 +81,10 @@ def returns_while_busy(hand_over, held: Held, session: dict, records: list) -> b
         done.set()
 
     threading.Thread(target=hand_all, daemon=True).start()
-    if not held.inside.wait(WAIT_S):
+    if not held.entered():
         return False
     returned = done.wait(2)  # the writer is held: a hand-over that waits for it never returns
-    held.release.set()
+    held.release()
     done.wait(WAIT_S)
     return returned
 
@@ -74,7 +99,7 @@ def a_held_writer(tmp_path, empty_store, monkeypatch, records: int = 3, **option
     store's URI, the session, the hold and the writer."""
     uri = store_in(tmp_path, empty_store)
     session = a_session(tmp_path, records)
-    held = Held(monkeypatch)
+    held = Held.in_the_writer(tmp_path, monkeypatch)
     logging = Writer(uri, "amp-harness", tmp_path, **options)
     logging.start_session(session.entry)
     return uri, session, held, logging
@@ -94,7 +119,7 @@ def test_a_logger_on_the_tests_thread_is_caught_waiting(tmp_path, empty_store, m
     """Sensitivity: MlflowSink itself, called on the tests' thread, fails the check above."""
     uri = store_in(tmp_path, empty_store)
     session = a_session(tmp_path)
-    held = Held(monkeypatch)
+    held = Held.here(tmp_path, monkeypatch)
     inline = MlflowSink(uri, reports=tmp_path)
     hand_over = lambda entry, record: inline.log_records(entry, [record])  # noqa: E731
     assert not returns_while_busy(hand_over, held, session.entry, session.records)
@@ -105,7 +130,7 @@ def test_a_writer_still_busy_at_the_end_s_bound_says_what_sync_sends(
 ):
     uri, session, held, logging = a_held_writer(tmp_path, empty_store, monkeypatch)
     logging.log_record(session.entry, session.records[0])
-    assert held.inside.wait(WAIT_S)  # the first in the writer's hands, the others behind it
+    assert held.entered()  # the first in the writer's hands, the others behind it
     for record in session.records[1:]:
         logging.log_record(session.entry, record)
     assert logging.down is None  # results on their way are no failure, until the end's bound
@@ -115,20 +140,20 @@ def test_a_writer_still_busy_at_the_end_s_bound_says_what_sync_sends(
         "a slow server or store): "
     ), logging.down
     assert "amp-harness sync" in logging.recovery()
-    held.release.set()
-    logging._thread.join(WAIT_S)  # it ends the result in hand, then stops
+    assert logging._process.returncode is not None  # stopped: no process left behind
     counts = sync(MlflowSink(uri, reports=tmp_path), Journal(tmp_path / "journal.jsonl"))
-    assert (counts["records_present"], counts["records_sent"]) == (1, 2)
+    assert (counts["records_present"], counts["records_sent"]) == (0, 3)
     assert_each_record_once_and_whole(Journal(tmp_path / "journal.jsonl"), uri)
 
 
 def test_a_full_queue_leaves_the_result_to_sync_and_the_test_goes_on(
     tmp_path, empty_store, monkeypatch
 ):
-    uri, session, held, logging = a_held_writer(tmp_path, empty_store, monkeypatch, 4, capacity=2)
+    uri, session, held, logging = a_held_writer(tmp_path, empty_store, monkeypatch, 4, capacity=3)
     logging.log_record(session.entry, session.records[0])
-    assert held.inside.wait(WAIT_S)  # the first result in the writer's hands
-    # The second and third waiting: no room for the fourth, which returns at once all the same.
+    assert held.entered()  # the first result in the writer's hands
+    # The second and third waiting: no room for the fourth (3 results handed over and not yet
+    # sent), which returns at once all the same.
     assert returns_while_busy(logging.log_record, held, session.entry, session.records[1:])
     logging.end_session(session.entry, session.end)
     last = session.records[-1].test
@@ -142,10 +167,7 @@ def test_a_full_queue_leaves_the_result_to_sync_and_the_test_goes_on(
 
 
 def test_a_writer_that_cannot_open_the_store_is_said_as_the_sink_said_it(tmp_path, monkeypatch):
-    def full(uri, set_aside=None):
-        raise OSError("database or disk is full")
-
-    monkeypatch.setattr(bounds, "client", full)  # where the sink looks it up
+    in_the_writer(monkeypatch, store="full")
     session = a_session(tmp_path)
     logging = Writer(f"sqlite:///{tmp_path}/mlflow.db", "amp-harness", tmp_path)
     logging.start_session(session.entry)
@@ -156,95 +178,76 @@ def test_a_writer_that_cannot_open_the_store_is_said_as_the_sink_said_it(tmp_pat
     assert "free space on the disk" in logging.recovery()
 
 
-# --- the writer's warnings filter: its thread's alone ------------------------------------
-
-
-def warned_in_a_test_beside_a_writer(own_filter: bool) -> list:
-    """A writer's MLflow call that begins before a test and ends during it (as pytest records
-    each test's warnings, with catch_warnings), then a warning of the test's (torch's): what
-    the test recorded."""
-    entered, test_in, left = threading.Event(), threading.Event(), threading.Event()
-
-    def writer_call() -> None:
-        bounds.ignore_foreign_in_this_thread(own_filter)
-        with bounds.foreign_warnings_ignored():
-            entered.set()
-            test_in.wait(WAIT_S)
-            warn_from("sqlalchemy.orm")  # MLflow's libraries warn: ignored in this thread
-        left.set()
-        bounds.ignore_foreign_in_this_thread(False)
-
-    thread = threading.Thread(target=writer_call)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a user's -W error
-        thread.start()
-        assert entered.wait(WAIT_S)
-        with warnings.catch_warnings(record=True) as caught:  # the test's
-            warnings.simplefilter("always")
-            test_in.set()
-            assert left.wait(WAIT_S)
-            with contextlib.suppress(
-                Warning
-            ):  # lost: the filters the test replaced made it an error
-                warn_from("torch.amp.grad_scaler")
-        thread.join(WAIT_S)
-    return [str(w.filename) for w in caught]
-
-
-def test_a_writer_s_warnings_filter_leaves_the_test_s_warnings_alone():
-    assert warned_in_a_test_beside_a_writer(own_filter=True) == ["torch.amp.grad_scaler.py"]
-
-
-def test_catch_warnings_in_the_writer_s_thread_would_lose_the_test_s_warning():
-    """Sensitivity: the catch_warnings MLflow calls used (foreign_warnings_ignored without the
-    thread's own filter): begun before the test, it is behind the test's filters; ended while
-    the test ran, it put back the filters from before the test."""
-    # The test caught the writer's warning, and its own was made an error by the filters from
-    # before it.
-    assert warned_in_a_test_beside_a_writer(own_filter=False) == ["sqlalchemy.orm.py"]
-
-
 # --- a process killed in the middle of a result --------------------------------------------
-
-KILL_IN_THE_WRITER = """
-import os, signal
-from harness.records.mlflow import sink
-
-real = sink.MlflowSink._stage_files
-
-
-def killing(record, folder):
-    if record.test.endswith("test_second"):  # its files half-written, its run not
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real(record, folder)
-
-
-sink.MlflowSink._stage_files = staticmethod(killing)
-"""
 
 
 @pytest.mark.slow
-def test_a_session_killed_mid_result_in_the_writer_loses_nothing_and_sync_logs_each_once(
-    pytester,
-):
+def test_a_writer_killed_mid_result_loses_nothing_and_sync_logs_each_once(pytester, monkeypatch):
     pytester.makepyfile(**{"scenarios/test_scn": SCENARIOS})
-    pytester.makeconftest(KILL_IN_THE_WRITER)
+    in_the_writer(monkeypatch, kill="test_second")  # as it writes test_second's files
     reports = pytester.path / "reports"
-    killed = pytester.runpytest_subprocess(
+    result = pytester.runpytest_subprocess(
         "scenarios", "--amp-device=cpu", "-p", "no:cacheprovider", f"--amp-reports={reports}"
     )
-    assert killed.ret == -9, killed.stdout.str()
-    held = [e for e in journal(pytester).entries() if e["type"] == "record"]
-    assert len(held) >= 2  # the journal first: the writer got only what it held
+    assert result.ret == 0, result.stdout.str()  # the tests never noticed
+    result.stdout.fnmatch_lines(["MLflow: * results not sent live (the writer's process ended "
+                                 "with exit status -9): *amp-harness sync*"])  # fmt: skip
     synced = sync_in_a_new_process(reports)
     assert synced.returncode == 0, synced.stderr
     # Its batch was one transaction, never begun: no run half-made for sync to replace.
     assert "half-logged" not in synced.stdout, synced.stdout
     assert_each_record_once_and_whole(journal(pytester), writer_uri(reports))
-    # Its run ended: from the journal's end where the tests had finished before the kill, else
-    # as KILLED.
+
+
+KILL_THE_SESSION = """
+import os, signal
+
+
+def pytest_runtest_setup(item):
+    if item.name == "test_third":  # test_first and test_second recorded, and handed over
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow
+def test_a_session_killed_outright_leaves_no_writer_behind_and_sync_logs_each_once(
+    pytester, monkeypatch
+):
+    pytester.makepyfile(**{"scenarios/test_scn": SCENARIOS})
+    pytester.makeconftest(KILL_THE_SESSION)
+    pids = pytester.path / "writer.pid"
+    in_the_writer(monkeypatch, pid=str(pids))
+    reports = pytester.path / "reports"
+    killed = pytester.runpytest_subprocess(
+        "scenarios", "--amp-device=cpu", "-p", "no:cacheprovider", f"--amp-reports={reports}"
+    )
+    assert killed.ret == -9, killed.stdout.str()
+    deadline = time.monotonic() + WAIT_S  # the writer may start after the session died
+    while not pids.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (pid,) = (int(line) for line in pids.read_text().split())
+    assert gone(pid, WAIT_S)  # its stdin closed with the session: it sent what it had, and ended
+    held = [e for e in journal(pytester).entries() if e["type"] == "record"]
+    assert len(held) == 2
+    synced = sync_in_a_new_process(reports)
+    assert synced.returncode == 0, synced.stderr
+    assert_each_record_once_and_whole(journal(pytester), writer_uri(reports))
     (parent,) = [r for r in runs(writer_uri(reports)) if r.data.tags["amp.kind"] == "session"]
-    assert parent.info.status in ("FINISHED", "KILLED"), parent.info.status
+    assert parent.info.status == "KILLED", parent.info.status  # ended by sync, saying why
+
+
+def gone(pid: int, timeout: float) -> bool:
+    """Whether process `pid` ended within `timeout` (a zombie no one reaped counts as ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def writer_uri(reports) -> str:
