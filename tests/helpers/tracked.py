@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +76,60 @@ class MlflowCalls:
     def to(self, port: int) -> list[Connection]:
         return [c for c in self.connections if c.port == port]
 
+    def counting(self, connect: Callable, stop: Callable) -> tuple[Callable, Callable]:
+        """`connect` (urllib3's create_connection) and `stop` (MlflowSink._stop), each noting
+        here what it did."""
+
+        def counted_connect(address, timeout=None, *args, **kwargs):
+            try:
+                opened = connect(address, timeout, *args, **kwargs)
+            except OSError as exc:
+                self.connected(Connection(address[1], timeout, type(exc).__name__))
+                raise
+            self.connected(Connection(address[1], timeout, None))
+            return opened
+
+        def counted_stop(sink, down: str, *args, **kwargs) -> None:
+            self.stopped(down)
+            stop(sink, down, *args, **kwargs)
+
+        return counted_connect, counted_stop
+
+    def connected(self, connection: Connection) -> None:
+        self.connections.append(connection)
+
+    def stopped(self, down: str) -> None:
+        self.stops.append(down)
+
+
+class WrittenCalls(MlflowCalls):
+    """MlflowCalls made in another process (an MLflow writer's: writer_hooks), each written to
+    `path` as a JSON line as it is made; `read` gives them back."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+
+    def connected(self, connection: Connection) -> None:
+        timeout = connection.timeout  # a number, or urllib3's default: said as its repr
+        timeout = timeout if isinstance(timeout, int | float) else repr(timeout)
+        self._write({"port": connection.port, "timeout": timeout, "error": connection.error})
+
+    def stopped(self, down: str) -> None:
+        self._write({"stop": down})
+
+    def _write(self, entry: dict) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def read(self, into: MlflowCalls) -> None:
+        for line in self.path.read_text().splitlines() if self.path.exists() else []:
+            said = json.loads(line)
+            if "stop" in said:
+                into.stopped(said["stop"])
+            else:
+                into.connected(Connection(said["port"], said["timeout"], said["error"]))
+
 
 @contextlib.contextmanager
 def counting_mlflow_calls() -> Iterator[MlflowCalls]:
@@ -83,36 +137,17 @@ def counting_mlflow_calls() -> Iterator[MlflowCalls]:
     starts (writer_hooks): the connections urllib3 opens (for requests, under MLflow's client)
     and the sink's stops."""
     calls = MlflowCalls()
-    connect, stop = urllib3.util.connection.create_connection, tracking.MlflowSink._stop
-
-    def counted_connect(address, timeout=None, *args, **kwargs):
-        try:
-            opened = connect(address, timeout, *args, **kwargs)
-        except OSError as exc:
-            calls.connections.append(Connection(address[1], timeout, type(exc).__name__))
-            raise
-        calls.connections.append(Connection(address[1], timeout, None))
-        return opened
-
-    def counted_stop(sink, down: str, *args, **kwargs) -> None:
-        calls.stops.append(down)
-        stop(sink, down, *args, **kwargs)
-
+    connect, stop = calls.counting(urllib3.util.connection.create_connection,
+                                   tracking.MlflowSink._stop)  # fmt: skip
     with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as folder:
-        patch.setattr(urllib3.util.connection, "create_connection", counted_connect)
-        patch.setattr(tracking.MlflowSink, "_stop", counted_stop)
-        in_writers = Path(folder) / "calls.jsonl"
-        in_the_writer(patch, calls=str(in_writers))
+        patch.setattr(urllib3.util.connection, "create_connection", connect)
+        patch.setattr(tracking.MlflowSink, "_stop", stop)
+        in_writers = WrittenCalls(Path(folder) / "calls.jsonl")
+        in_the_writer(patch, calls=str(in_writers.path))
         try:
             yield calls
         finally:
-            for line in in_writers.read_text().splitlines() if in_writers.exists() else []:
-                said = json.loads(line)
-                if "stop" in said:
-                    calls.stops.append(said["stop"])
-                else:
-                    calls.connections.append(Connection(said["port"], said["timeout"],
-                                                        said["error"]))  # fmt: skip
+            in_writers.read(calls)
 
 
 def run_session(pytester, *args: str) -> tuple[pytest.RunResult, MlflowCalls]:

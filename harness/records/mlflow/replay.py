@@ -16,15 +16,13 @@ from collections.abc import Callable
 
 from harness.common.errors import HarnessError
 from harness.records.journal import Journal, Session
+from harness.records.mlflow import rows
 from harness.records.mlflow.bounds import COMMAND
 from harness.records.mlflow.locks import SYNC_LOCK, _locked, is_running
 from harness.records.mlflow.naming import END_REASON
 from harness.records.mlflow.runs import _complete, _has_copies, main_parent
 from harness.records.mlflow.sink import MlflowSink
 from harness.records.mlflow.sqlite_store import commit_without_fsync
-
-# Records written in one go (one transaction on an SQL store: MlflowSink.log_records)
-BATCH = 500
 
 
 def sync(
@@ -92,13 +90,14 @@ def _sync_session(
     counts["records_replaced"] += len({r.data.tags["amp.record_id"] for r in half} - complete)
     missing = [r for r in session.records if r.record_id not in complete]
     counts["records_present"] += len(session.records) - len(missing)
-    for start in range(0, len(missing), BATCH):
-        batch, refused, sent = missing[start : start + BATCH], len(sink.refused), True
+    for start in range(0, len(missing), rows.BATCH):  # one transaction each on an SQL store
+        batch, before, sent = missing[start : start + rows.BATCH], len(sink.refused), True
         sink.log_records(session.entry, batch)
         if sink.down:
             return
-        counts["records_refused"] += len(sink.refused) - refused
-        counts["records_sent"] += len(batch) - (len(sink.refused) - refused)
+        refused = len(sink.refused) - before
+        counts["records_refused"] += refused
+        counts["records_sent"] += len(batch) - refused
     if session.end:
         sink._guard("ending the session run", sink._end_session, session.entry, session.end)
     elif sink._guard("ending an unfinished session run", _end_unfinished, sink, session):

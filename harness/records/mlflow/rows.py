@@ -23,6 +23,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Runs written in one transaction at most: a session's records in `sync`, those queued behind
+# the writer's last batch in a session (a transaction that large still takes a fraction of a
+# second; a larger one only holds the store locked longer).
+BATCH = 500
+
 
 @dataclass
 class NewRun:

@@ -11,7 +11,8 @@ end says changes (down, recovery, refused, notes, browse).
 It runs in a session of its own: Ctrl-C, a closed terminal or a signal to the tests' process
 group reaches the tests' process, which ends the session and closes stdin; the writer then sends
 what it holds and exits. A tests' process killed outright closes stdin all the same: the writer
-sends what it got within FLUSH_S and exits, leaving no process behind.
+sends what it got (each call bounded, `bounds`; after a failure, none made) and exits, leaving no
+process behind.
 """
 
 from __future__ import annotations
@@ -21,20 +22,14 @@ import logging
 import queue
 import sys
 import threading
-import time
 from pathlib import Path
 
-from harness.records.mlflow import bounds
+from harness.records.mlflow import bounds, rows
 from harness.records.mlflow.sink import MlflowSink
 from harness.records.record import Record
 
 log = logging.getLogger(__name__)
 
-# Results written in one go (one transaction on an SQL store): those that arrived while the last
-# batch was written, as many as the session's tests finished meanwhile.
-BATCH = 500
-# Once stdin ends, how long what was received is still sent (then `sync` sends the rest).
-FLUSH_S = 30.0
 _END = object()  # in the inbox: stdin ended
 _NOTHING = object()  # nothing was taken from the inbox after a batch
 
@@ -47,31 +42,18 @@ class Loop:
         self.settings, self.inbox, self.reply = settings, inbox, reply
         self.sink: MlflowSink | None = None
         self._said: dict | None = None
-        self._deadline: float | None = None  # set once stdin ended
 
     def run(self) -> None:
         reports = self.settings.get("reports")
         self.sink = MlflowSink(self.settings["uri"], self.settings["experiment"],
                                Path(reports) if reports else None)  # fmt: skip
         self._state()
-        item = self._next()
-        while item is not _END and not self._late():
-            if item["kind"] == "record":
-                item = self._log_waiting(item)
-                continue
-            self._handle(item)
-            item = self._next()
-
-    def _next(self):
         item = self.inbox.get()
-        if item is _END:
-            self._deadline = time.monotonic() + FLUSH_S
-        return item
+        while item is not _END:  # each item handled returns the next one
+            item = self._log_waiting(item) if item["kind"] == "record" else self._handle(item)
 
-    def _late(self) -> bool:
-        return self._deadline is not None and time.monotonic() > self._deadline
-
-    def _handle(self, item: dict) -> None:
+    def _handle(self, item: dict):
+        """A session's start or end; then the next item, waited for."""
         session = item["session"]
         if item["kind"] == "start":
             parent = self.settings.get("parent_run")
@@ -84,13 +66,15 @@ class Loop:
         else:
             self.sink.end_session(session, item["payload"])
         self._state()
+        return self.inbox.get()
 
     def _log_waiting(self, item: dict):
-        """The record of `item` and the session's records queued behind it (BATCH at most), in
-        one write; then the next item, waited for."""
+        """The record of `item` and the session's records queued behind it (rows.BATCH at most:
+        those that arrived while the last batch was written), in one write; then the next item,
+        waited for."""
         session = item["session"]
         batch, after = [Record.from_dict(item["payload"])], _NOTHING
-        while len(batch) < BATCH and after is _NOTHING and not self.inbox.empty():
+        while len(batch) < rows.BATCH and after is _NOTHING and not self.inbox.empty():
             queued = self.inbox.get_nowait()  # the only reader: what was there is still there
             if queued is not _END and queued["kind"] == "record" and queued["session"] == session:
                 batch.append(Record.from_dict(queued["payload"]))
@@ -100,10 +84,7 @@ class Loop:
         if not self.sink.down:  # else they are in the journal, said in `down`: sync sends them
             self.reply({"sent": [r.record_id for r in batch]})
         self._state()
-        if after is _END:
-            self._deadline = time.monotonic() + FLUSH_S
-            return after
-        return self._next() if after is _NOTHING else after
+        return self.inbox.get() if after is _NOTHING else after
 
     def _state(self) -> None:
         """What the session's end is to say, sent where it changed."""

@@ -18,7 +18,6 @@ import os
 import sys
 
 if any(a.endswith("writer_process") for a in getattr(sys, "orig_argv", [])):
-    import json
     import signal
     import time
     from pathlib import Path
@@ -26,31 +25,17 @@ if any(a.endswith("writer_process") for a in getattr(sys, "orig_argv", [])):
     from harness.records.mlflow import bounds, sink
 
     calls = os.environ.get("AMP_TEST_WRITER_CALLS")
-    if calls:
+    if calls:  # counted as helpers.tracked counts the tests' own process
         import urllib3.util.connection
 
-        connect, stop = urllib3.util.connection.create_connection, sink.MlflowSink._stop
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
+        from helpers.tracked import WrittenCalls
 
-        def _note(entry):
-            with open(calls, "a", encoding="utf-8") as f:
-                f.write(json.dumps(entry) + "\n")
-
-        def counted_connect(address, timeout=None, *args, **kwargs):
-            seconds = timeout if isinstance(timeout, (int, float)) else repr(timeout)
-            try:
-                opened = connect(address, timeout, *args, **kwargs)
-            except OSError as exc:
-                _note({"port": address[1], "timeout": seconds, "error": type(exc).__name__})
-                raise
-            _note({"port": address[1], "timeout": seconds, "error": None})
-            return opened
-
-        def counted_stop(self, down, *args, **kwargs):
-            _note({"stop": down})
-            stop(self, down, *args, **kwargs)
-
-        urllib3.util.connection.create_connection = counted_connect
-        sink.MlflowSink._stop = counted_stop
+        connect, stop = WrittenCalls(Path(calls)).counting(
+            urllib3.util.connection.create_connection, sink.MlflowSink._stop
+        )
+        urllib3.util.connection.create_connection = connect
+        sink.MlflowSink._stop = stop
 
     hold = os.environ.get("AMP_TEST_WRITER_HOLD")
     if hold:
