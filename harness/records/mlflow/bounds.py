@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import http.client
 import logging
 import os
@@ -145,9 +146,9 @@ def client(uri: str, set_aside: list[str] | None = None) -> BoundedClient:
     # with the URI's password in it. The harness prints its own line, without the password: this
     # one is not left to the user's setting.
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-    with foreign_warnings_ignored():  # MLflow's import and its store's making warn
+    with foreign_warnings_ignored(), _collection_paused():  # MLflow's import and store warn
         made = _mlflow_client(uri, set_aside)
-    _hold_requests_to_bounds()
+        _hold_requests_to_bounds()
     return BoundedClient(made, COMMAND, redact(uri))
 
 
@@ -220,6 +221,20 @@ def _made_anew(store: Path, uri: str, failure: Exception, set_aside: list[str] |
 # A warning attributed to any module but the harness's own: inside the harness's MLflow calls,
 # MLflow's and the libraries' under it (SQLAlchemy, alembic, pydantic, urllib3, ...).
 _NOT_THE_HARNESS = r"(?!harness(\.|$))"
+
+
+@contextlib.contextmanager
+def _collection_paused() -> Iterator[None]:
+    """The cyclic garbage collector held off: MLflow's import makes about 430,000 objects, all
+    kept, which the collector would scan again and again as they are made, for nothing (a fifth
+    of the import's CPU, 0.3 s)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager
