@@ -101,7 +101,12 @@ def _rank_main(
             backend, init_method=(folder / "store").as_uri(), rank=rank, world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
         )  # fmt: skip
-        outcome = {"result": target(_context(rank, world_size, backend, rank), *args)}
+        context = _context(rank, world_size, backend, rank)
+        # Every rank connected before any runs its target: a rank that failed at once left a
+        # peer still making its connections to fail too ("Gloo connectFullMesh failed ...
+        # Connection closed by peer"), named as a second failure, on a loaded machine.
+        dist.barrier()
+        outcome = {"result": target(context, *args)}
         (folder / f"rank{rank}.pickle").write_bytes(pickle.dumps(outcome))
         dist.barrier()  # no rank leaves while another is still inside a collective
     except BaseException as exc:  # reported to the parent, with the traceback

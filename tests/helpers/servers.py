@@ -146,7 +146,8 @@ class FlakyProxy:
     what a server that fails on the way back (or a gateway that gives up on a slow answer) looks
     like to MLflow's client, which retries the request. With `answer_after_s`, each answer waits
     that long once the server has given it: a busy server, slow but there. `requests` counts
-    what it forwarded. Threads of this process; `stop` ends them."""
+    what it forwarded, `sent` names each ("POST /api/2.0/mlflow/runs/create"). Threads of this
+    process; `stop` ends them."""
 
     HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "host", "content-length"}
 
@@ -156,6 +157,7 @@ class FlakyProxy:
 
         self.target, self.every, self.answer_after_s = urlparse(target), every, answer_after_s
         self.posts, self.failed, self.requests = 0, 0, 0
+        self.sent: list[str] = []
         self._lock = threading.Lock()
         proxy = self
 
@@ -178,6 +180,7 @@ class FlakyProxy:
                     upstream.close()
                 with proxy._lock:
                     proxy.requests += 1
+                    proxy.sent.append(f"{self.command} {self.path}")
                 time.sleep(proxy.answer_after_s)
                 if self.command == "POST" and proxy._fail_this_one():
                     status, kind = 500, "application/json"

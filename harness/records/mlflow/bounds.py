@@ -287,9 +287,21 @@ class BoundedClient:
 
     def __getattr__(self, name: str):
         found = getattr(self.mlflow_client, name)
-        if not callable(found):
-            return found
+        return self._bounded(name, found) if callable(found) else found
 
+    def log_artifacts_to(self, artifact_uri: str, local_dir: str) -> None:
+        """MlflowClient.log_artifacts into a run's folder named by `artifact_uri` (create_run's
+        answer has it): the client would first read the run back to find it, a request more
+        for each result a session sends a server."""
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+        from mlflow.utils.uri import add_databricks_profile_info_to_artifact_uri
+
+        uri = self.mlflow_client.tracking_uri
+        where = add_databricks_profile_info_to_artifact_uri(artifact_uri, uri)
+        upload = get_artifact_repository(where, tracking_uri=uri).log_artifacts
+        self._bounded("log_artifacts", upload)(local_dir)
+
+    def _bounded(self, name: str, found: Callable) -> Callable:
         @functools.wraps(found)
         def bounded(*args, **kwargs):
             sent_again, started = 0, time.monotonic()

@@ -358,11 +358,12 @@ class MlflowSink:
 
         run = self._new_run(session, record)
         tags = {**run.tags, COMPLETE: "false"}
-        run_id = self.client.create_run(self.experiment_id(), run.started, tags).info.run_id
+        made = self.client.create_run(self.experiment_id(), run.started, tags).info
+        run_id = made.run_id
         try:
             metrics = [Metric(k, v, stamp, step) for k, v, stamp, step in run.metrics]
             params = [Param(k, v) for k, v in run.params.items()]
-            self._log_files(run_id, run)
+            self._log_files(made.artifact_uri, run)
             self.client.set_terminated(run_id, run.status, run.ended)
             # One call for every metric and history of the test (per-step calls cost ~40x more)
             # and, last, the completion tag: MLflow writes a batch's tags after its params and
@@ -427,12 +428,12 @@ class MlflowSink:
             cut=cut,
         )
 
-    def _log_files(self, run_id: str, run: rows.NewRun) -> None:
-        """The run's files in one upload: a call each cost a request each (a transaction and a
-        copy each on the embedded store)."""
+    def _log_files(self, artifact_uri: str, run: rows.NewRun) -> None:
+        """The run's files in one upload, into its folder `artifact_uri`: a call each cost a
+        request each (a transaction and a copy each on the embedded store)."""
         with tempfile.TemporaryDirectory(prefix="amp-harness-") as staged:
             run.files(Path(staged))
-            self.client.log_artifacts(run_id, staged)
+            self.client.log_artifacts_to(artifact_uri, staged)
 
     @staticmethod
     def _stage_files(record: Record, folder: Path) -> None:

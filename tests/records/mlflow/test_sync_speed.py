@@ -15,7 +15,8 @@ from harness.records.journal import Journal
 from harness.records.mlflow import rows
 from harness.records.tracking import MlflowSink, default_uri, sync
 
-WRITES = ("create_run", "log_batch", "log_artifacts", "set_terminated", "set_tag")
+WRITES = ("create_run", "log_batch", "log_artifacts_to", "log_artifacts", "set_terminated",
+          "set_tag")  # fmt: skip
 
 
 @pytest.mark.slow

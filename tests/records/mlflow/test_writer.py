@@ -255,8 +255,8 @@ def writer_uri(reports) -> str:
 
 
 def test_a_result_s_files_go_in_one_upload_where_mlflow_shows_them(tmp_path, empty_store):
-    """record.json and every figure in one log_artifacts (a call each cost a request each), at
-    the paths they had: record.json, figures/NAME."""
+    """record.json and every figure in one upload (a call each cost a request each), at the
+    paths they had: record.json, figures/NAME."""
     from mlflow import MlflowClient
 
     uri = store_in(tmp_path, empty_store)
@@ -269,7 +269,7 @@ def test_a_result_s_files_go_in_one_upload_where_mlflow_shows_them(tmp_path, emp
         record.figures.append(name)
     logging = MlflowSink(uri, reports=tmp_path)
     calls: list[str] = []
-    for name in ("log_artifacts", "log_artifact", "log_text"):
+    for name in ("log_artifacts_to", "log_artifacts", "log_artifact", "log_text"):
         method = getattr(logging.client, name)
         setattr(
             logging.client,
@@ -278,7 +278,7 @@ def test_a_result_s_files_go_in_one_upload_where_mlflow_shows_them(tmp_path, emp
         )
     logging.start_session(session.entry)
     logging.log_record(session.entry, record)
-    assert logging.down is None and calls == ["log_artifacts"]
+    assert logging.down is None and calls == ["log_artifacts_to"]
     (run,) = [r for r in MlflowClient(uri).search_runs([logging.experiment_id()])
               if r.data.tags["amp.kind"] == "test"]  # fmt: skip
     files = MlflowClient(uri).list_artifacts(run.info.run_id, "figures")
