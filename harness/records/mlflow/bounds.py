@@ -146,7 +146,7 @@ def client(uri: str, set_aside: list[str] | None = None) -> BoundedClient:
     # with the URI's password in it. The harness prints its own line, without the password: this
     # one is not left to the user's setting.
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-    with foreign_warnings_ignored(), _collection_paused():  # MLflow's import and store warn
+    with foreign_warnings_ignored(), collection_paused():  # MLflow's import and store warn
         made = _mlflow_client(uri, set_aside)
         _hold_requests_to_bounds()
     return BoundedClient(made, COMMAND, redact(uri))
@@ -224,7 +224,7 @@ _NOT_THE_HARNESS = r"(?!harness(\.|$))"
 
 
 @contextlib.contextmanager
-def _collection_paused() -> Iterator[None]:
+def collection_paused() -> Iterator[None]:
     """The cyclic garbage collector held off: MLflow's import makes about 430,000 objects, all
     kept, which the collector would scan again and again as they are made, for nothing (a fifth
     of the import's CPU, 0.3 s)."""

@@ -47,15 +47,12 @@ class Loop:
     def run(self) -> None:
         reports = self.settings.get("reports")
         # What opening the store makes (MLflow's import: 430,000 objects) lives as long as this
-        # process: frozen as it is made, unscanned, out of every collection to come, which would
-        # otherwise scan it all again and again (a third of this process's CPU).
-        gc.disable()
-        try:
+        # process: frozen before any collection scans it, out of every collection to come, which
+        # would otherwise scan it all again and again (a third of this process's CPU).
+        with bounds.collection_paused():
             self.sink = MlflowSink(self.settings["uri"], self.settings["experiment"],
                                    Path(reports) if reports else None)  # fmt: skip
-        finally:
             gc.freeze()
-            gc.enable()
         self._state()
         item = self.inbox.get()
         while item is not _END:  # each item handled returns the next one

@@ -19,16 +19,15 @@ import sys
 
 if any(a.endswith("writer_process") for a in getattr(sys, "orig_argv", [])):
     import signal
-    import time
     from pathlib import Path
 
     from harness.records.mlflow import bounds, sink
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
+
     calls = os.environ.get("AMP_TEST_WRITER_CALLS")
     if calls:  # counted as helpers.tracked counts the tests' own process
         import urllib3.util.connection
-
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
         from helpers.tracked import WrittenCalls
 
         connect, stop = WrittenCalls(Path(calls)).counting(
@@ -39,15 +38,9 @@ if any(a.endswith("writer_process") for a in getattr(sys, "orig_argv", [])):
 
     hold = os.environ.get("AMP_TEST_WRITER_HOLD")
     if hold:
-        real_log = sink.MlflowSink.log_records
+        from helpers.writer import held_until_released
 
-        def held(self, session, records):
-            (Path(hold) / "inside").touch()
-            while not (Path(hold) / "release").exists():
-                time.sleep(0.01)
-            return real_log(self, session, records)
-
-        sink.MlflowSink.log_records = held
+        sink.MlflowSink.log_records = held_until_released(sink.MlflowSink.log_records, Path(hold))
 
     if os.environ.get("AMP_TEST_WRITER_MLFLOW") == "missing":
         sys.modules["mlflow"] = None  # `from mlflow import ...` raises ImportError

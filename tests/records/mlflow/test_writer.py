@@ -19,7 +19,7 @@ from helpers.tracked import (
     sync_in_a_new_process,
     write_journal,
 )
-from helpers.writer import in_the_writer
+from helpers.writer import held_until_released, in_the_writer
 
 from harness.records.journal import Journal
 from harness.records.mlflow import sink
@@ -45,26 +45,18 @@ class Held:
 
     @classmethod
     def here(cls, tmp_path, monkeypatch) -> Held:
-        held, real = cls(tmp_path / "hold"), MlflowSink.log_records
-
-        def holding(sink_, session, records):
-            (held.folder / "inside").touch()
-            assert held.wait_for("release", WAIT_S), "never released"
-            return real(sink_, session, records)
-
+        held = cls(tmp_path / "hold")
+        holding = held_until_released(MlflowSink.log_records, held.folder, WAIT_S)
         monkeypatch.setattr(sink.MlflowSink, "log_records", holding)
         return held
 
-    def wait_for(self, name: str, timeout: float) -> bool:
+    def entered(self, timeout: float = WAIT_S) -> bool:
         deadline = time.monotonic() + timeout
-        while not (self.folder / name).exists():
+        while not (self.folder / "inside").exists():
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
         return True
-
-    def entered(self, timeout: float = WAIT_S) -> bool:
-        return self.wait_for("inside", timeout)
 
     def release(self) -> None:
         (self.folder / "release").touch()
